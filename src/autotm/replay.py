@@ -1,0 +1,202 @@
+"""Replay: run a captured TrainingGraph on real tensors, kernel by kernel (no memory tiers).
+
+`Replay` is the interpreter the executor and profiler build on: it walks kernels in order,
+materializes each operand from its storage (views are re-derived from the storage's
+current value, so a storage can be swapped for a moved copy), runs the ATen op, and frees
+every tensor after its last use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+import torch
+import torch.fx as fx
+
+from .errors import ReplayError
+from .graph import TrainingGraph
+
+
+class Replay:
+    """Interpreter over a TrainingGraph. Subclasses override `run_kernel` or the hooks."""
+
+    def __init__(self, graph: TrainingGraph):
+        self.graph = graph
+        self.program = graph.program
+        self.env: dict[int, torch.Tensor] = {}
+
+    # ---- operands --------------------------------------------------------------------
+    def storage_value(self, tid: int) -> torch.Tensor:
+        try:
+            return self.env[tid]
+        except KeyError:
+            t = self.graph.tensors[tid]
+            raise ReplayError(f"tensor {tid} ({t.name}) is not available; was it freed or never provided?") from None
+
+    def materialize(self, node: fx.Node):
+        """The value of an fx node: a storage's own value, or a view re-derived from it."""
+        p = self.program
+        tid = p.node_tensor.get(node)
+        if tid is None:
+            raise ReplayError(f"node {node.name} has no tensor")
+        if p.base_node.get(tid) is node:
+            return self.storage_value(tid)
+        args = fx.node.map_arg(node.args, self.materialize)
+        kwargs = fx.node.map_arg(node.kwargs, self.materialize)
+        return node.target(*args, **kwargs)
+
+    # ---- one kernel ------------------------------------------------------------------
+    def run_kernel(self, k: int) -> None:
+        node = self.program.kernel_nodes[k]
+        args = fx.node.map_arg(node.args, self.materialize)
+        kwargs = fx.node.map_arg(node.kwargs, self.materialize)
+        out = node.target(*args, **kwargs)
+        for tid, i in self.program.kernel_outputs[k]:
+            self.env[tid] = out if i is None else out[i]
+
+    def before_kernel(self, k: int) -> None:
+        """Hook: runs before kernel k (the executor moves tensors here)."""
+
+    def after_kernel(self, k: int) -> None:
+        """Hook: runs after kernel k, before its dead tensors are freed."""
+
+    def free(self, tid: int) -> None:
+        self.env.pop(tid, None)
+
+    # ---- the iteration ---------------------------------------------------------------
+    def run(self, inputs: Mapping[int, torch.Tensor], keep: Iterable[int] = ()) -> dict[int, torch.Tensor]:
+        """Run every kernel once. `inputs` maps input tensor ids to values.
+
+        Returns the graph outputs and the tensors listed in `keep`, by tensor id.
+        """
+        keep = set(keep)
+        p = self.program
+        self.env = dict(inputs)
+        for tid, value in p.constants.items():
+            self.env.setdefault(tid, value)
+        for k in range(len(p.kernel_nodes)):
+            self.before_kernel(k)
+            try:
+                self.run_kernel(k)
+            except ReplayError:
+                raise
+            except Exception as e:
+                kern = self.graph.kernels[k]
+                raise ReplayError(f"while executing kernel {k} {kern.op} ({kern.module or 'no module'}): {e}") from e
+            self.after_kernel(k)
+            for tid in p.free_after[k]:
+                if tid not in keep:
+                    self.free(tid)
+        wanted = set(p.output_keys.values()) | keep
+        out = {tid: self.env[tid] for tid in wanted if tid in self.env}
+        self.env = {}
+        return out
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor
+    gradients: dict[str, torch.Tensor]  # parameter name -> gradient (empty unless asked for)
+
+
+class TrainingState:
+    """The values a training loop carries between iterations, keyed like the graph's inputs.
+
+    Keys: "param:NAME", "buffer:NAME", "opt:NAME:SLOT". Built from a model and optimizer,
+    and written back into them with `write_back` so `model.state_dict()` sees the result.
+    """
+
+    def __init__(self, graph: TrainingGraph, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        p = graph.program
+        self.graph = graph
+        named = dict(model.named_parameters())
+        named.update(dict(model.named_buffers()))
+        self.values: dict[str, torch.Tensor] = {}
+        for n in p.param_names:
+            self.values[f"param:{n}"] = named[n].detach().clone()
+        for b in p.buffer_names:
+            self.values[f"buffer:{b}"] = named[b].detach().clone()
+        for n in p.param_names:
+            gi = p.param_groups[n]
+            st = p.lowering.initial_state(gi, named[n], optimizer.state.get(named[n], {}))
+            for s in p.lowering.state_slots(gi):
+                self.values[f"opt:{n}:{s}"] = st[s].detach().clone()
+        self.steps = {gi: self._step_of(gi) for gi in range(len(p.lowering.groups))}
+
+    def _step_of(self, gi: int) -> float:
+        p = self.graph.program
+        steps = {float(self.values[f"opt:{n}:step"]) for n in p.param_names
+                 if p.param_groups[n] == gi and f"opt:{n}:step" in self.values}
+        if len(steps) > 1:
+            raise ReplayError(f"parameters of optimizer group {gi} are at different step counts {sorted(steps)}")
+        return steps.pop() if steps else 0.0
+
+    def inputs(self, batch: tuple[torch.Tensor, ...]) -> dict[int, torch.Tensor]:
+        p = self.graph.program
+        scalars = {}
+        for gi in range(len(p.lowering.groups)):
+            for s, v in p.lowering.scalars(gi, self.steps[gi] + 1).items():
+                scalars[f"scalar:{gi}:{s}"] = v
+        out = {}
+        for key, tid in p.input_keys:
+            if key.startswith("batch:"):
+                out[tid] = batch[int(key.split(":")[1])]
+            elif key.startswith("scalar:"):
+                out[tid] = scalars[key]
+            else:
+                out[tid] = self.values[key]
+        return out
+
+    def update(self, outputs: Mapping[int, torch.Tensor]) -> torch.Tensor:
+        p = self.graph.program
+        for key, tid in p.output_keys.items():
+            if key != "loss":
+                self.values[key] = outputs[tid]
+        for gi in self.steps:
+            self.steps[gi] += 1
+        return outputs[p.output_keys["loss"]]
+
+    def write_back(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Copy the carried values into the model's tensors and the optimizer's state."""
+        p = self.graph.program
+        named = dict(model.named_parameters())
+        named.update(dict(model.named_buffers()))
+        with torch.no_grad():
+            for key, v in self.values.items():
+                kind, rest = key.split(":", 1)
+                if kind in ("param", "buffer"):
+                    named[rest].copy_(v)
+            for n in p.param_names:
+                gi = p.param_groups[n]
+                st = optimizer.state[named[n]]
+                for s in p.lowering.state_slots(gi):
+                    st[s] = self.values[f"opt:{n}:{s}"].clone()
+
+
+def check_batch(graph: TrainingGraph, batch) -> tuple[torch.Tensor, ...]:
+    """A batch must match the captured one in count, shapes and dtypes."""
+    p = graph.program
+    expected = [graph.tensors[tid] for key, tid in p.input_keys if key.startswith("batch:")]
+    if not isinstance(batch, (tuple, list)) or len(batch) != len(expected):
+        raise ReplayError(f"expected a batch of {len(expected)} tensors (inputs..., target), got {type(batch).__name__} of {len(batch) if isinstance(batch, (tuple, list)) else 1}")
+    for i, (b, t) in enumerate(zip(batch, expected)):
+        if tuple(b.shape) != t.shape or str(b.dtype).replace("torch.", "") != t.dtype:
+            raise ReplayError(f"batch[{i}] is {str(b.dtype).replace('torch.', '')}{list(b.shape)} but the graph was captured with {t.dtype}{list(t.shape)}")
+    return tuple(batch)
+
+
+def replay_step(graph: TrainingGraph, state: TrainingState, batch, *, keep_gradients: bool = False,
+                interpreter: Replay | None = None) -> StepResult:
+    """One training iteration through the interpreter; updates `state` in place."""
+    batch = check_batch(graph, batch)
+    interp = interpreter or Replay(graph)
+    keep = set(graph.program.gradient_of.values()) if keep_gradients else set()
+    out = interp.run(state.inputs(batch), keep=keep)
+    grads = {}
+    if keep_gradients:
+        for n, tid in graph.program.gradient_of.items():
+            shape, stride, offset = graph.program.gradient_view[n]
+            grads[n] = out[tid].as_strided(shape, stride, offset)
+    loss = state.update(out)
+    return StepResult(loss=loss, gradients=grads)
