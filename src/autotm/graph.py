@@ -8,6 +8,7 @@ read this structure and never the fx graph it was built from.
 from __future__ import annotations
 
 import enum
+import hashlib
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -121,6 +122,16 @@ class TrainingGraph:
         for t in self.tensors:
             out[t.role.value] = out.get(t.role.value, 0) + t.nbytes
         return out
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """A hash of everything a plan depends on: kernels, their operands and tensor sizes."""
+        h = hashlib.sha256()
+        for k in self.kernels:
+            h.update(f"{k.signature}|{k.inputs}|{k.outputs};".encode())
+        for t in self.tensors:
+            h.update(f"{t.nbytes}|{t.live}|{t.role.value};".encode())
+        return h.hexdigest()[:16]
 
     @cached_property
     def unique_signatures(self) -> int:
