@@ -18,13 +18,74 @@ from .errors import ReplayError
 from .graph import TrainingGraph
 
 
+def _out_overload(op: torch._ops.OpOverload):
+    """The out= overload taking the same arguments as the functional `op`, if any."""
+    want = [(a.name, str(a.type)) for a in op._schema.arguments]
+    packet = op.overloadpacket
+    for name in packet.overloads():
+        cand = getattr(packet, name)
+        args = cand._schema.arguments
+        outs = [a for a in args if a.is_out]
+        if len(outs) == 1 and [(a.name, str(a.type)) for a in args if not a.is_out] == want:
+            return cand, outs[0].name
+    return None
+
+
+def _layout(v) -> tuple | None:
+    if not isinstance(v, torch.Tensor):
+        return None
+    return (tuple(v.shape), tuple(v.stride()), v.storage_offset(), v.dtype)
+
+
+def reuse_table(graph: TrainingGraph) -> list[tuple | None]:
+    """Per kernel: (out overload, tensor id) when its output may be written into the storage
+    of an input that dies at this kernel, as torch.optim's in-place updates do.
+
+    Only pointwise ops with one output qualify, and only when the input is read exactly
+    as the output is laid out and covers its whole storage; the values computed are the
+    same (an out= call runs the same kernel), only an allocation is saved.
+    """
+    p = graph.program
+    table: list[tuple | None] = []
+    for k, node in enumerate(p.kernel_nodes):
+        entry = None
+        out = node.meta.get("val")
+        op = node.target
+        if isinstance(out, torch.Tensor) and torch.Tag.pointwise in getattr(op, "tags", ()):
+            dying = set(p.free_after[k])
+            want = _layout(out)
+            by_tid: dict[int, set] = {}
+            for a in node.all_input_nodes:
+                tid = p.node_tensor.get(a)
+                if tid is not None:
+                    by_tid.setdefault(tid, set()).add(_layout(a.meta.get("val")))
+            out_tid = p.kernel_outputs[k][0][0]
+            for tid, layouts in by_tid.items():
+                t = graph.tensors[tid]
+                if (tid in dying and not t.is_graph_output and layouts == {want} and want[2] == 0
+                        and t.nbytes == graph.tensors[out_tid].nbytes
+                        and out.numel() * out.element_size() == t.nbytes):
+                    ov = _out_overload(op)
+                    if ov is not None:
+                        entry = (ov[0], tid, ov[1])
+                    break
+        table.append(entry)
+    return table
+
+
 class Replay:
-    """Interpreter over a TrainingGraph. Subclasses override `run_kernel` or the hooks."""
+    """Interpreter over a TrainingGraph. Subclasses override `run_kernel` or the hooks.
+
+    Graph inputs passed to `run` may be overwritten: an input whose last use is a
+    pointwise kernel lends its storage to that kernel's output.
+    """
 
     def __init__(self, graph: TrainingGraph):
         self.graph = graph
         self.program = graph.program
         self.env: dict[int, torch.Tensor] = {}
+        self.reuse = reuse_table(graph)
+        self.keep: set[int] = set()
 
     # ---- operands --------------------------------------------------------------------
     def storage_value(self, tid: int) -> torch.Tensor:
@@ -51,7 +112,11 @@ class Replay:
         node = self.program.kernel_nodes[k]
         args = fx.node.map_arg(node.args, self.materialize)
         kwargs = fx.node.map_arg(node.kwargs, self.materialize)
-        out = node.target(*args, **kwargs)
+        reuse = self.reuse[k]
+        if reuse is not None and reuse[1] not in self.keep and reuse[1] in self.env:
+            out = reuse[0](*args, **kwargs, **{reuse[2]: self.env[reuse[1]]})
+        else:
+            out = node.target(*args, **kwargs)
         for tid, i in self.program.kernel_outputs[k]:
             self.env[tid] = out if i is None else out[i]
 
@@ -71,6 +136,7 @@ class Replay:
         Returns the graph outputs and the tensors listed in `keep`, by tensor id.
         """
         keep = set(keep)
+        self.keep = keep
         p = self.program
         self.env = dict(inputs)
         for tid, value in p.constants.items():
@@ -132,7 +198,10 @@ class TrainingState:
             raise ReplayError(f"parameters of optimizer group {gi} are at different step counts {sorted(steps)}")
         return steps.pop() if steps else 0.0
 
-    def inputs(self, batch: tuple[torch.Tensor, ...]) -> dict[int, torch.Tensor]:
+    def inputs(self, batch: tuple[torch.Tensor, ...], values: Mapping | None = None) -> dict:
+        """Graph inputs by tensor id: carried values (from `values`, default our own), this
+        iteration's optimizer scalars, and the batch."""
+        values = self.values if values is None else values
         p = self.graph.program
         scalars = {}
         for gi in range(len(p.lowering.groups)):
@@ -145,7 +214,7 @@ class TrainingState:
             elif key.startswith("scalar:"):
                 out[tid] = scalars[key]
             else:
-                out[tid] = self.values[key]
+                out[tid] = values[key]
         return out
 
     def update(self, outputs: Mapping[int, torch.Tensor]) -> torch.Tensor:
@@ -169,9 +238,8 @@ class TrainingState:
                     named[rest].copy_(v)
             for n in p.param_names:
                 gi = p.param_groups[n]
-                st = optimizer.state[named[n]]
                 for s in p.lowering.state_slots(gi):
-                    st[s] = self.values[f"opt:{n}:{s}"].clone()
+                    optimizer.state[named[n]][s] = self.values[f"opt:{n}:{s}"].clone()
 
 
 def check_batch(graph: TrainingGraph, batch) -> tuple[torch.Tensor, ...]:

@@ -88,13 +88,18 @@ class DenseNet(nn.Module):
         self.features = nn.Sequential(*layers)
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
         self.classifier = nn.Linear(c, num_classes)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """(Re-)initialize every parameter and buffer (torchvision's DenseNet scheme)."""
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight)
             elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+                m.reset_parameters()  # weight 1, bias 0, running stats reset
             elif isinstance(m, nn.Linear):
+                m.reset_parameters()
                 nn.init.zeros_(m.bias)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -196,6 +196,18 @@ class InceptionV4(nn.Module):
         )
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
         self.last_linear = nn.Linear(1536, num_classes)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """(Re-)initialize every parameter and buffer."""
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, nn.BatchNorm2d):
+                m.reset_parameters()  # weight 1, bias 0, running stats reset
+            elif isinstance(m, nn.Linear):
+                m.reset_parameters()
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.avgpool(self.features(x)).flatten(1)

@@ -94,15 +94,23 @@ class GPT(nn.Module):
         self.blocks = nn.Sequential(*[Block(d_model, n_heads, d_ff) for _ in range(n_layers)])
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab)
+        self.n_layers = n_layers
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """(Re-)initialize every parameter (GPT-2 scheme)."""
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, 0.0, 0.02)
             if isinstance(m, nn.Linear):
                 nn.init.zeros_(m.bias)
-        # GPT-2 style scaled init of the residual output projections.
+            elif isinstance(m, nn.LayerNorm):
+                m.reset_parameters()
+        # Scaled init of the residual output projections.
         for name, p in self.named_parameters():
             if name.endswith(("attn.proj.weight", "ffn.fc2.weight")):
-                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * n_layers))
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * self.n_layers))
 
     def forward(self, idx: Tensor) -> Tensor:
         t = idx.shape[1]

@@ -6,7 +6,11 @@
   ``vgg416()`` layout exactly: a 3->64 conv, then per stage ``r`` same-width convs
   followed (in stages 1-3) by one channel-doubling conv, then a 2x2 maxpool, with
   ``r`` = (80, 81, 82, 83, 83).  That is 1 + 80+1 + 81+1 + 82+1 + 83 + 83 = 413
-  convolutions, plus 3 FC layers = 416 weight layers.
+  convolutions, plus 3 FC layers = 416 weight layers; 580,217,064 parameters at
+  1000 classes.  (Unlike VGG-19, the channel-doubling conv *ends* stages 1-3,
+  e.g. the 64->128 conv runs at full resolution -- as in the artifact.)  It is
+  initialized delta-orthogonally (see :meth:`VGG.init_weights`) so that signal
+  and gradients survive the 413 plain convs.
 
 All convolutions are 3x3, padding 1, followed by ReLU.  There is no dropout and
 no batch norm.  An adaptive average pool to 7x7 sits before the classifier so
@@ -16,8 +20,10 @@ image size (at 224x224 input it is the identity).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor, nn
 
 __all__ = ["VGG", "vgg19", "vgg416", "VGG19_CFG", "VGG416_REPEATS", "vgg416_cfg"]
@@ -62,8 +68,20 @@ def _features(cfg: Sequence[int | str], in_channels: int = 3) -> nn.Sequential:
 
 
 class VGG(nn.Module):
-    def __init__(self, cfg: Sequence[int | str], num_classes: int = 1000) -> None:
+    """VGG-style plain network: ``features`` (3x3 convs + ReLU, 2x2 maxpools),
+    adaptive average pool to 7x7, three FC layers (ReLU between, not after the last).
+
+    ``init`` selects the conv initialization (see :meth:`init_weights`):
+    ``"kaiming"`` (torchvision's scheme, used by vgg19) or
+    ``"delta_orthogonal"`` (used by vgg416, whose 413 plain convs otherwise make
+    activations and gradients vanish towards float32 underflow).
+    """
+
+    def __init__(self, cfg: Sequence[int | str], num_classes: int = 1000, init: str = "kaiming") -> None:
         super().__init__()
+        if init not in ("kaiming", "delta_orthogonal"):
+            raise ValueError(f"unknown init {init!r}; valid: kaiming, delta_orthogonal")
+        self.init = init
         self.features = _features(cfg)
         last = [v for v in cfg if v != "M"][-1]
         self.avgpool = nn.AdaptiveAvgPool2d((7, 7))
@@ -74,12 +92,40 @@ class VGG(nn.Module):
             nn.ReLU(inplace=False),
             nn.Linear(4096, num_classes),
         )
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """(Re-)initialize every parameter.
+
+        Linear layers: uniform with std 0.01, zero bias (torchvision's std, drawn
+        uniform because uniform draws are ~3x faster on CPU, which matters for
+        the 580M-parameter vgg416).  Convs, zero bias, and weights:
+
+        * ``"kaiming"``: variance-matched uniform Kaiming (fan-out, ReLU gain),
+          i.e. torchvision's VGG scheme.
+        * ``"delta_orthogonal"`` (Xiao et al., 2018, "Dynamical isometry and a
+          mean field theory of CNNs"): only the centre tap of each 3x3 kernel is
+          non-zero, set to a (semi-)orthogonal matrix with ReLU gain sqrt(2).
+          It preserves the signal norm through arbitrarily deep plain conv
+          stacks; with Kaiming init the 413 convs of vgg416 shrink activations
+          to ~1e-23 (and weight gradients to zero/denormals) at small images,
+          mainly through the zero padding at 2x2 / 4x4 feature maps.
+        """
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
                 nn.init.zeros_(m.bias)
+                if self.init == "kaiming":
+                    nn.init.kaiming_uniform_(m.weight, mode="fan_out", nonlinearity="relu")
+                else:
+                    m.weight.zero_()
+                    kh, kw = m.kernel_size
+                    centre = torch.empty(m.out_channels, m.in_channels)
+                    nn.init.orthogonal_(centre, gain=math.sqrt(2.0))
+                    m.weight[:, :, kh // 2, kw // 2] = centre.to(m.weight.device)
             elif isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, 0.0, 0.01)
+                bound = 0.01 * math.sqrt(3.0)  # std 0.01
+                nn.init.uniform_(m.weight, -bound, bound)
                 nn.init.zeros_(m.bias)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -95,5 +141,5 @@ def vgg19(num_classes: int = 1000) -> VGG:
 
 
 def vgg416(num_classes: int = 1000) -> VGG:
-    """The AutoTM artifact's VGG-416: 413 3x3 convs + 3 FC layers."""
-    return VGG(vgg416_cfg(), num_classes)
+    """The AutoTM artifact's VGG-416: 413 3x3 convs + 3 FC layers (delta-orthogonal init)."""
+    return VGG(vgg416_cfg(), num_classes, init="delta_orthogonal")

@@ -1,0 +1,26 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+# Each creates .venv if it is missing and installs autotm into it, the CPU build of torch first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: demo test install clean
+
+$(BIN)/.autotm-installed: pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@# the CPU build first: a bare `torch` requirement would pull a multi-GB CUDA build
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)" || $(BIN)/pip install -q "torch>=2.4"
+	@$(BIN)/pip install -q -e '.[test]'
+	@touch $@
+
+install: $(BIN)/.autotm-installed
+
+demo: install
+	$(BIN)/autotm demo
+
+test: install
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) results .pytest_cache

@@ -1,0 +1,146 @@
+"""CostModel: what the planner and the simulator know about time. Plain frozen data, JSON.
+
+Produced by `autotm.profile.profile` (measured on a real memory system) or by
+`autotm.profile.cost_model_from_spec` (a roofline over a hypothetical tier spec,
+``simulated=True``). Consumed by planners and by `autotm.simulate`. No torch here.
+
+- ``kernel_seconds[k]``: kernel k with every operand in fast memory.
+- ``placement_seconds[k][placement]`` (direct access only): kernel k with its operands
+  placed as ``placement``, one of "fast"/"slow" per unique tensor, in
+  ``kernel.inputs + kernel.outputs`` order (see :func:`operand_tensors`).
+  Kernels with more operands than the profiler enumerates exhaustively carry only the
+  all-slow placement and the placements with exactly one slow operand; ``kernel_time``
+  then adds up the slowdowns of the slow operands (capped at the all-slow time).
+- ``moves[(direction, mode)]``: latency + bytes / bandwidth for direction ``to_slow`` /
+  ``to_fast`` and mode ``sync`` / ``async``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+COSTMODEL_VERSION = 1
+DIRECTIONS = ("to_slow", "to_fast")
+MOVE_MODES = ("sync", "async")
+
+
+def operand_tensors(inputs: Iterable[int], outputs: Iterable[int]) -> tuple[int, ...]:
+    """The unique tensor ids of a kernel, inputs then outputs, first occurrence order:
+    the order of a placement tuple."""
+    seen: dict[int, None] = {}
+    for t in (*inputs, *outputs):
+        seen.setdefault(t, None)
+    return tuple(seen)
+
+
+@dataclass(frozen=True)
+class MoveCost:
+    latency_s: float
+    bandwidth_bytes_per_s: float
+
+    def seconds(self, nbytes: int) -> float:
+        return self.latency_s + nbytes / self.bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True)
+class CostModel:
+    graph_fingerprint: str
+    memory_system: str  # e.g. "cpu+file" or "sim:optane"
+    access: str  # "staged" | "direct"
+    kernel_seconds: tuple[float, ...]  # per kernel index, every operand in fast memory
+    # direct access only: kernel -> {placement: seconds}; a placement is a tuple of
+    # "fast"/"slow", one per unique tensor in kernel.inputs + kernel.outputs order; empty for staged
+    placement_seconds: dict[int, dict[tuple[str, ...], float]]
+    moves: dict[tuple[str, str], MoveCost]  # ("to_slow"|"to_fast", "sync"|"async") -> cost
+    simulated: bool
+    environment: dict = field(default_factory=dict)
+
+    # ---- queries ----------------------------------------------------------------------
+    def kernel_time(self, k: int, placement: tuple[str, ...] | None = None) -> float:
+        """Seconds of kernel k with its operands placed as `placement` (None or all
+        "fast": the all-fast time). Staged models ignore the placement."""
+        base = self.kernel_seconds[k]
+        if placement is None or self.access != "direct" or "slow" not in placement:
+            return base
+        table = self.placement_seconds.get(k)
+        if not table:
+            raise KeyError(f"no placement timings for kernel {k} in this {self.access} cost model")
+        placement = tuple(placement)
+        if placement in table:
+            return table[placement]
+        n = len(placement)
+        all_slow = table.get(("slow",) * n)
+        extra = 0.0
+        for i, p in enumerate(placement):
+            if p == "slow":
+                one = tuple("slow" if j == i else "fast" for j in range(n))
+                if one not in table:
+                    raise KeyError(f"kernel {k}: placement {placement} was not profiled "
+                                   f"(expected {n} operands)")
+                extra += max(0.0, table[one] - base)
+        t = base + extra
+        return min(t, all_slow) if all_slow is not None and all_slow >= base else t
+
+    def move_seconds(self, nbytes: int, direction: str, mode: str) -> float:
+        """Seconds to move `nbytes` `direction` ("to_slow" | "to_fast") in `mode`
+        ("sync" | "async"). Zero bytes cost nothing."""
+        if nbytes <= 0:
+            return 0.0
+        try:
+            return self.moves[(direction, mode)].seconds(nbytes)
+        except KeyError:
+            raise KeyError(f"no move cost for {direction!r} {mode!r}; have {sorted(self.moves)}") from None
+
+    @property
+    def total_kernel_seconds(self) -> float:
+        return float(sum(self.kernel_seconds))
+
+    # ---- JSON -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": COSTMODEL_VERSION,
+            "graph_fingerprint": self.graph_fingerprint,
+            "memory_system": self.memory_system,
+            "access": self.access,
+            "simulated": self.simulated,
+            "environment": self.environment,
+            "moves": [{"direction": d, "mode": m, "latency_s": c.latency_s,
+                       "bandwidth_bytes_per_s": c.bandwidth_bytes_per_s}
+                      for (d, m), c in sorted(self.moves.items())],
+            "kernel_seconds": list(self.kernel_seconds),
+            "placement_seconds": {str(k): [[list(p), s] for p, s in table.items()]
+                                  for k, table in sorted(self.placement_seconds.items())},
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CostModel:
+        if not isinstance(d, dict):
+            raise ValueError("cost model JSON must be an object")
+        if d.get("version") != COSTMODEL_VERSION:
+            raise ValueError(f"cost model version {d.get('version')!r} is not supported "
+                             f"(expects {COSTMODEL_VERSION})")
+        try:
+            return cls(
+                graph_fingerprint=str(d["graph_fingerprint"]),
+                memory_system=str(d["memory_system"]),
+                access=str(d["access"]),
+                kernel_seconds=tuple(float(x) for x in d["kernel_seconds"]),
+                placement_seconds={int(k): {tuple(p): float(s) for p, s in rows}
+                                   for k, rows in d["placement_seconds"].items()},
+                moves={(m["direction"], m["mode"]): MoveCost(float(m["latency_s"]),
+                                                             float(m["bandwidth_bytes_per_s"]))
+                       for m in d["moves"]},
+                simulated=bool(d["simulated"]),
+                environment=dict(d.get("environment", {})),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"malformed cost model JSON: {e!r}") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> CostModel:
+        return cls.from_dict(json.loads(text))

@@ -1,0 +1,467 @@
+"""The AutoTM ILP for staged memory systems (synchronous and asynchronous), on HiGHS.
+
+Notation (one tensor t of size s_t, one movable segment g of it; see segments.py):
+
+  Variables (binary unless noted)
+    wA[g]   t is written to slow memory at the start of segment g and is absent in it
+    dA[g]   t is absent in g after dropping its fast copy (a slow copy already exists)
+    st[t]   carried input t starts the iteration in slow memory (its initial segment)
+    wS[g]   the write of g is synchronous, before kernel start(g)
+    wX[g,c] the write of g is asynchronous, overlapping kernel c (window after start(g))
+    pS[g]   the prefetch ending g is synchronous, before the use after g
+    pX[g,c] the prefetch ending g overlaps kernel c (window before the use)
+    y[c]    >= 0, continuous: time of kernel c with its async copies
+
+  Residency of t at a kernel j inside g (1 = in fast memory at step 3 of the timeline):
+    R[t,j] = 1 - a[g] + sum_{c >= j} wX[g,c] + sum_{c <= j} pX[g,c],  a[g] = wA[g] + dA[g]
+  and R = 1 at t's uses and outside its segments while it is live.
+
+  Constraints
+    flow/one write:      sum_g wA[g] + st[t] <= 1                       (written at most once)
+                         dA[g] <= st[t] + sum_{g' < g} wA[g']           (drop needs a slow copy)
+    evict choice:        wS[g] + sum_c wX[g,c] = wA[g]
+    prefetch choice:     pS[g] + sum_c pX[g,c] = a[g]   (gaps),  = st[t]  (initial)
+    steady state:        a[final of t'] = st[t]  where t' carries t into the next iteration
+    order:               sum_{c >= j} wX[g,c] + sum_{c <= j} pX[g,c] <= 1   (evict before prefetch)
+    capacity:            sum_t s_t R[t,j] <= B                          for every kernel j
+    async overlap:       y[c] >= T_c,  y[c] >= sum wX[.,c] m(s, to_slow, async) + sum pX[.,c] m(s, to_fast, async)
+
+  Objective (predicted iteration seconds, exactly what autotm.simulate computes):
+    min  sum_{c without async} T_c + sum_{c with async} y[c]
+         + sum_g wS[g] m(s, to_slow, sync) + sum_g pS[g] m(s, to_fast, sync)
+
+  where m(s, direction, mode) = latency + s / bandwidth from the cost model. The
+  synchronous formulation has no wX, pX, y. Bytes are scaled to MiB inside the model only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..costmodel import CostModel
+from ..graph import TrainingGraph
+from ..plan import Action, Plan, TensorPlan
+from .segments import TensorSegments, carried_pairs, tensor_segments
+
+SCALE = float(2**20)  # capacity rows in MiB
+
+
+class InfeasibleBudget(ValueError):
+    """No plan fits the budget; the message states the smallest feasible budget."""
+
+    def __init__(self, budget: int, minimum: int, where: str):
+        self.budget, self.minimum = budget, minimum
+        super().__init__(f"no plan fits a fast budget of {budget:,} bytes: {where} needs at least "
+                         f"{minimum:,} bytes ({minimum / 2**20:.1f} MiB) in fast memory at once; "
+                         f"the smallest feasible budget is {minimum:,} bytes")
+
+
+@dataclass
+class ILPStats:
+    variables: int = 0
+    binaries: int = 0
+    rows: int = 0
+    nonzeros: int = 0
+    build_seconds: float = 0.0
+    solve_seconds: float = 0.0
+    status: str = ""
+    gap: float = 0.0
+    objective: float = 0.0
+    rows_dropped: int = 0
+    families: dict = field(default_factory=dict)
+
+
+class _Vars:
+    """Column bookkeeping: named families of variables with bounds, costs, integrality."""
+
+    def __init__(self):
+        self.n = 0
+        self.lower: list[np.ndarray] = []
+        self.upper: list[np.ndarray] = []
+        self.cost: list[np.ndarray] = []
+        self.integer: list[np.ndarray] = []
+
+    def add(self, count: int, *, cost=0.0, lower=0.0, upper=1.0, integer=True) -> np.ndarray:
+        idx = np.arange(self.n, self.n + count)
+        self.n += count
+        self.lower.append(np.broadcast_to(np.asarray(lower, float), (count,)).copy())
+        self.upper.append(np.broadcast_to(np.asarray(upper, float), (count,)).copy())
+        self.cost.append(np.broadcast_to(np.asarray(cost, float), (count,)).copy())
+        self.integer.append(np.full(count, 1 if integer else 0, dtype=np.int8))
+        return idx
+
+
+class _Rows:
+    """Rows as COO triples plus bounds, grouped by constraint family."""
+
+    def __init__(self):
+        self.n = 0
+        self.r: list[np.ndarray] = []
+        self.c: list[np.ndarray] = []
+        self.v: list[np.ndarray] = []
+        self.lo: list[float] = []
+        self.hi: list[float] = []
+        self.family_counts: dict[str, list[int]] = {}
+
+    def add(self, family: str, cols, vals, lo: float, hi: float) -> None:
+        cols = np.asarray(cols, dtype=np.int64)
+        self.r.append(np.full(len(cols), self.n, dtype=np.int64))
+        self.c.append(cols)
+        self.v.append(np.asarray(vals, dtype=float))
+        self.lo.append(lo)
+        self.hi.append(hi)
+        self.n += 1
+        fc = self.family_counts.setdefault(family, [0, 0])
+        fc[0] += 1
+        fc[1] += len(cols)
+
+
+@dataclass
+class _SegVars:
+    seg: object
+    wA: int = -1
+    dA: int = -1
+    wS: int = -1
+    pS: int = -1
+    wX: dict = field(default_factory=dict)  # kernel -> column
+    pX: dict = field(default_factory=dict)
+
+
+def _candidates(kernels: range, T: np.ndarray, copy_seconds: float, limit: int) -> list[int]:
+    """Kernels of a window worth overlapping a copy with: the `limit` longest ones, and only
+    those at least a quarter as long as the copy (a copy over a shorter kernel mostly adds
+    its own time, which a sync move costs too). Fewer candidates, much faster solves."""
+    ks = [c for c in kernels]
+    if not ks:
+        return []
+    ks.sort(key=lambda c: -T[c])
+    good = [c for c in ks[:limit] if T[c] >= 0.25 * copy_seconds]
+    return sorted(good or ks[:1])
+
+
+def minimum_budget(graph: TrainingGraph, segs: list[TensorSegments]) -> tuple[int, int]:
+    """(bytes, kernel): the most bytes any kernel must hold in fast memory under staged access."""
+    n = len(graph.kernels)
+    movable = np.zeros(n + 1, dtype=np.int64)
+    for ts in segs:
+        for s in ts.segments:
+            if s.end >= s.start:
+                movable[s.start] += ts.nbytes
+                movable[s.end + 1] -= ts.nbytes
+    need = graph.live_bytes - np.cumsum(movable[:-1])
+    k = int(np.argmax(need))
+    return int(need[k]), k
+
+
+def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulation: str = "synchronous",
+                 window: int = 15, time_limit: float = 60.0, mip_gap: float = 0.01, min_tensor_bytes: int | None = None,
+                 pinned: frozenset[int] = frozenset(), pinned_budget_extra: np.ndarray | None = None,
+                 threads: int | None = None, warm_start: Plan | None = None, verbose: bool = False,
+                 candidates: int = 4) -> tuple[Plan, ILPStats]:
+    """Solve the AutoTM ILP for a staged memory system and decode the plan.
+
+    window: async copies may overlap kernels up to this many positions from the move's
+    natural place; candidates: of those, how many (the longest kernels) are offered.
+    """
+    import highspy
+
+    if formulation not in ("synchronous", "asynchronous"):
+        raise ValueError(f"staged memory systems support the synchronous and asynchronous formulations, not {formulation!r}")
+    t_build = time.perf_counter()
+    n = len(graph.kernels)
+    if min_tensor_bytes is None:
+        # moving a tensor smaller than this cannot change a plan's speed measurably
+        min_tensor_bytes = max(4096, graph.peak_live_bytes // 20000)
+    pairs = carried_pairs(graph)
+    segs = tensor_segments(graph, min_bytes=min_tensor_bytes, pinned=pinned, pairs=pairs)
+    need, need_k = minimum_budget(graph, segs)
+    extra = pinned_budget_extra if pinned_budget_extra is not None else np.zeros(n, dtype=np.int64)
+    if need > budget + int(extra[need_k]):
+        # the pinned/small tensors could be counted too: report the true minimum over all kernels
+        raise InfeasibleBudget(budget, need - int(extra[need_k]), f"kernel {need_k} ({graph.kernels[need_k].op})")
+    async_ = formulation == "asynchronous"
+    T = np.asarray(cost.kernel_seconds, dtype=float)
+    mv = lambda s, d, m: cost.move_seconds(s, d, m)  # noqa: E731
+
+    V, Rw = _Vars(), _Rows()
+    seg_vars: dict[tuple[int, int], _SegVars] = {}
+    start_slow: dict[int, int] = {}
+    async_terms: dict[int, list[tuple[int, float]]] = {}
+    # capacity: per kernel j, list of (col, coef in bytes) and the constant bytes
+    cap_cols: list[list[int]] = [[] for _ in range(n)]
+    cap_vals: list[list[float]] = [[] for _ in range(n)]
+    cap_const = graph.live_bytes.astype(np.float64).copy()
+
+    def cap_add(j0: int, j1: int, col: int, coef: float) -> None:
+        for j in range(j0, j1 + 1):
+            cap_cols[j].append(col)
+            cap_vals[j].append(coef)
+
+    for ts in segs:
+        s = ts.nbytes
+        w_sync, r_sync = mv(s, "to_slow", "sync"), mv(s, "to_fast", "sync")
+        w_async, r_async = mv(s, "to_slow", "async"), mv(s, "to_fast", "async")
+        writes: list[int] = []
+        st = -1
+        if ts.carried_input:
+            st = int(V.add(1)[0])
+            start_slow[ts.tensor] = st
+        for seg in ts.segments:
+            sv = _SegVars(seg)
+            seg_vars[(ts.tensor, seg.index)] = sv
+            lo, hi = seg.start, seg.end
+            # every interior kernel holds t unless absent: constant s minus s * a[g] (+ windows)
+            cap_const[lo:hi + 1] -= 0  # live_bytes already counts t at every interior kernel
+            if seg.kind == "initial":
+                # absent = st; prefetch before the first use
+                sv.pS = int(V.add(1, cost=r_sync)[0])
+                cap_add(lo, hi, st, -s)
+                choice = [sv.pS]
+                if async_:
+                    for c in _candidates(range(max(0, hi + 1 - window), hi + 1), T, r_async, candidates):
+                        col = int(V.add(1)[0])
+                        sv.pX[c] = col
+                        async_terms.setdefault(c, []).append((col, r_async))
+                        cap_add(c, hi, col, s)
+                        choice.append(col)
+                Rw.add("prefetch choice", choice + [st], [1.0] * len(choice) + [-1.0], 0.0, 0.0)
+                continue
+            sv.wA, sv.dA = (int(c) for c in V.add(2))
+            writes.append(sv.wA)
+            # dA[g] <= st + sum_{g' < g} wA[g']
+            prior = writes[:-1] + ([st] if st >= 0 else [])
+            Rw.add("drop needs a slow copy", [sv.dA] + prior, [1.0] + [-1.0] * len(prior), -np.inf, 0.0)
+            empty = hi < lo
+            # evict choice: wS + sum wX = wA (an empty final segment is the carry write)
+            sv.wS = int(V.add(1, cost=w_sync)[0])
+            evict = [sv.wS]
+            if async_ and not empty:
+                last = hi if seg.kind == "final" else hi - 1  # leave room for the prefetch
+                for c in _candidates(range(lo, min(lo + window - 1, last) + 1), T, w_async, candidates):
+                    col = int(V.add(1)[0])
+                    sv.wX[c] = col
+                    async_terms.setdefault(c, []).append((col, w_async))
+                    cap_add(lo, c, col, s)
+                    evict.append(col)
+            Rw.add("evict choice", evict + [sv.wA], [1.0] * len(evict) + [-1.0], 0.0, 0.0)
+            if not empty:
+                cap_add(lo, hi, sv.wA, -s)
+                cap_add(lo, hi, sv.dA, -s)
+            if seg.kind == "gap":
+                sv.pS = int(V.add(1, cost=r_sync)[0])
+                pre = [sv.pS]
+                if async_:
+                    # not at lo: a sync evict or drop happens there
+                    for c in _candidates(range(max(lo + 1, hi + 1 - window), hi + 1), T, r_async, candidates):
+                        col = int(V.add(1)[0])
+                        sv.pX[c] = col
+                        async_terms.setdefault(c, []).append((col, r_async))
+                        cap_add(c, hi, col, s)
+                        pre.append(col)
+                Rw.add("prefetch choice", pre + [sv.wA, sv.dA], [1.0] * len(pre) + [-1.0, -1.0], 0.0, 0.0)
+                # order: an async evict comes before an async prefetch
+                if sv.wX and sv.pX:
+                    for j in range(min(sv.pX), max(sv.wX) + 1):
+                        cols = [col for c, col in sv.wX.items() if c >= j] + [col for c, col in sv.pX.items() if c <= j]
+                        if len(cols) > 1:
+                            Rw.add("evict before prefetch", cols, [1.0] * len(cols), -np.inf, 1.0)
+            else:  # final: end the iteration where the next one starts
+                src = ts.carried_output_of
+                src_st = start_slow.get(src, -1) if src is not None else -1
+                if src_st < 0:
+                    src_st = _start_slow_of(src, segs, V, start_slow)
+                if src_st >= 0:
+                    Rw.add("steady state", [sv.wA, sv.dA, src_st], [1.0, 1.0, -1.0], 0.0, 0.0)
+                else:
+                    Rw.add("steady state", [sv.wA, sv.dA], [1.0, 1.0], 0.0, 0.0)
+        # one write per tensor, none if it starts slow
+        cols = writes + ([st] if st >= 0 else [])
+        if len(cols) > 1:
+            Rw.add("one write", cols, [1.0] * len(cols), -np.inf, 1.0)
+
+    # async overlap: y[c] >= T_c and y[c] >= load_c; T_c of other kernels is a constant
+    y = {}
+    for c, terms in sorted(async_terms.items()):
+        col = int(V.add(1, cost=1.0, lower=T[c], upper=np.inf, integer=False)[0])
+        y[c] = col
+        Rw.add("async overlap", [t for t, _ in terms] + [col], [v for _, v in terms] + [-1.0], -np.inf, 0.0)
+    constant_time = float(sum(T[c] for c in range(n) if c not in y))
+
+    # capacity rows, in MiB; rows with the same variable terms keep only the tightest
+    rhs = (budget + extra.astype(np.float64) - cap_const) / SCALE
+    seen: dict[tuple, int] = {}
+    keep = []
+    for j in range(n):
+        if not cap_cols[j]:
+            continue  # all constants: already checked by minimum_budget
+        key = tuple(zip(cap_cols[j], cap_vals[j]))
+        h = hash(key)
+        if h in seen and tuple(zip(cap_cols[seen[h]], cap_vals[seen[h]])) == key:
+            if rhs[j] < rhs[seen[h]]:
+                keep[keep.index(seen[h])] = j
+                seen[h] = j
+            continue
+        seen[h] = j
+        keep.append(j)
+    dropped = sum(1 for j in range(n) if cap_cols[j]) - len(keep)
+    for j in keep:
+        Rw.add("capacity", cap_cols[j], np.asarray(cap_vals[j]) / SCALE, -np.inf, rhs[j])
+
+    # ---- pass the model to HiGHS as arrays -----------------------------------------
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", bool(verbose))
+    h.setOptionValue("time_limit", float(time_limit))
+    h.setOptionValue("mip_rel_gap", float(mip_gap))
+    if threads:
+        h.setOptionValue("threads", int(threads))
+    lp = highspy.HighsLp()
+    lp.num_col_ = V.n
+    lp.num_row_ = Rw.n
+    lp.col_cost_ = np.concatenate(V.cost) if V.n else np.zeros(0)
+    lp.col_lower_ = np.concatenate(V.lower) if V.n else np.zeros(0)
+    lp.col_upper_ = np.concatenate(V.upper) if V.n else np.zeros(0)
+    lp.row_lower_ = np.asarray(Rw.lo, dtype=float)
+    lp.row_upper_ = np.asarray(Rw.hi, dtype=float)
+    lp.offset_ = constant_time
+    integ = np.concatenate(V.integer) if V.n else np.zeros(0, dtype=np.int8)
+    lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous for i in integ]
+    rows = np.concatenate(Rw.r) if Rw.r else np.zeros(0, dtype=np.int64)
+    cols = np.concatenate(Rw.c) if Rw.c else np.zeros(0, dtype=np.int64)
+    vals = np.concatenate(Rw.v) if Rw.v else np.zeros(0)
+    order = np.lexsort((cols, rows))
+    rows, cols, vals = rows[order], cols[order], vals[order]
+    starts = np.searchsorted(rows, np.arange(Rw.n + 1)).astype(np.int32)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.num_col_ = V.n
+    lp.a_matrix_.num_row_ = Rw.n
+    lp.a_matrix_.start_ = starts
+    lp.a_matrix_.index_ = cols.astype(np.int32)
+    lp.a_matrix_.value_ = vals
+    h.passModel(lp)
+    stats = ILPStats(variables=V.n, binaries=int(integ.sum()), rows=Rw.n, nonzeros=len(vals),
+                     rows_dropped=dropped, families={k: tuple(v) for k, v in Rw.family_counts.items()})
+    stats.build_seconds = time.perf_counter() - t_build
+
+    if warm_start is not None:
+        x0 = _warm_start_vector(warm_start, V.n, seg_vars, start_slow, y, T, async_terms)
+        if x0 is not None:
+            sol = highspy.HighsSolution()
+            sol.col_value = list(x0)
+            sol.value_valid = True
+            h.setSolution(sol)
+
+    t_solve = time.perf_counter()
+    h.run()
+    stats.solve_seconds = time.perf_counter() - t_solve
+    status = h.getModelStatus()
+    info = h.getInfo()
+    stats.status = h.modelStatusToString(status)
+    has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    if status == highspy.HighsModelStatus.kInfeasible or not has_solution:
+        if status in (highspy.HighsModelStatus.kTimeLimit, highspy.HighsModelStatus.kInterrupt):
+            raise TimeoutError(f"the solver found no plan within {time_limit:.0f} s; raise the time limit")
+        raise InfeasibleBudget(budget, need, f"kernel {need_k} ({graph.kernels[need_k].op})")
+    x = np.asarray(h.getSolution().col_value)
+    stats.gap = float(info.mip_gap) if np.isfinite(info.mip_gap) else 0.0
+    stats.objective = float(info.objective_function_value)
+    plan = _decode(graph, cost, budget, formulation, x, segs, seg_vars, start_slow)
+    return plan, stats
+
+
+def _start_slow_of(src, segs, V, start_slow) -> int:
+    return start_slow.get(src, -1)
+
+
+def _on(x: np.ndarray, col: int) -> bool:
+    return col >= 0 and x[col] > 0.5
+
+
+def _decode(graph, cost, budget, formulation, x, segs, seg_vars, start_slow) -> Plan:
+    """Turn the solution into actions on the plan timeline (no solver needed here)."""
+    per_tensor: dict[int, tuple[str, list[Action]]] = {}
+    for ts in segs:
+        initial = "slow" if _on(x, start_slow.get(ts.tensor, -1)) else "fast"
+        actions: list[Action] = []
+        written = initial == "slow"
+        for seg in ts.segments:
+            sv = seg_vars[(ts.tensor, seg.index)]
+            if seg.kind == "initial":
+                if initial == "slow":
+                    actions.append(_prefetch(sv, x, seg.end + 1))
+                continue
+            if _on(x, sv.wA):
+                if seg.end >= seg.start:  # an empty final segment is the executor's carry write
+                    async_c = [c for c, col in sv.wX.items() if _on(x, col)]
+                    actions.append(Action("evict", async_c[0], "async") if async_c else Action("evict", seg.start, "sync"))
+                written = True
+            elif _on(x, sv.dA):
+                if seg.end >= seg.start:
+                    actions.append(Action("drop", seg.start, "sync"))
+            else:
+                continue
+            if seg.kind == "gap":
+                actions.append(_prefetch(sv, x, seg.end + 1))
+        per_tensor[ts.tensor] = (initial, actions)
+        del written
+    tensors = tuple(TensorPlan(t.id, *per_tensor.get(t.id, ("fast", []))) if t.id in per_tensor
+                    else TensorPlan(t.id, "fast", ()) for t in graph.tensors)
+    tensors = tuple(TensorPlan(tp.id, tp.initial, tuple(sorted(tp.actions, key=lambda a: a.at))) for tp in tensors)
+    return Plan(version=1, graph_name=graph.name, graph_fingerprint=graph.fingerprint, memory_system=cost.memory_system,
+                access="staged", budget_bytes=int(budget), planner=formulation, tensors=tensors, meta={})
+
+
+def _prefetch(sv: _SegVars, x, use: int) -> Action:
+    async_c = [c for c, col in sv.pX.items() if _on(x, col)]
+    return Action("prefetch", async_c[0], "async") if async_c else Action("prefetch", use, "sync")
+
+
+def _warm_start_vector(plan: Plan, n: int, seg_vars, start_slow, y, T, async_terms):
+    """A full assignment of the ILP's variables that reproduces `plan`, or None if the plan
+    uses moves the formulation cannot express (then HiGHS starts cold)."""
+    x = np.zeros(n)
+    by_id = {tp.id: tp for tp in plan.tensors}
+    for (tid, idx), sv in seg_vars.items():
+        tp = by_id.get(tid)
+        if tp is None:
+            return None
+        seg = sv.seg
+        acts = [a for a in tp.actions if seg.start <= a.at <= seg.end + 1]
+        if seg.kind == "initial":
+            if tp.initial == "slow":
+                x[start_slow[tid]] = 1
+                pf = [a for a in acts if a.kind == "prefetch"]
+                if not pf:
+                    return None
+                col = sv.pX.get(pf[0].at) if pf[0].mode == "async" else sv.pS
+                if col is None or col < 0:
+                    return None
+                x[col] = 1
+            continue
+        ev = [a for a in acts if a.kind in ("evict", "drop") and a.at <= seg.end]
+        if not ev:
+            continue
+        a = ev[0]
+        if a.kind == "evict":
+            x[sv.wA] = 1
+            col = sv.wX.get(a.at) if a.mode == "async" else sv.wS
+            if col is None or (a.mode == "sync" and a.at != seg.start):
+                return None
+            x[col] = 1
+        else:
+            if a.mode != "sync" or a.at != seg.start:
+                return None
+            x[sv.dA] = 1
+        if seg.kind == "gap":
+            pf = [b for b in acts if b.kind == "prefetch" and b.at > a.at]
+            if not pf:
+                return None
+            col = sv.pX.get(pf[0].at) if pf[0].mode == "async" else (sv.pS if pf[0].at == seg.end + 1 else None)
+            if col is None:
+                return None
+            x[col] = 1
+    for c, col in y.items():
+        x[col] = max(T[c], sum(v * x[t] for t, v in async_terms[c]))
+    return x

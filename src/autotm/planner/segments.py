@@ -1,0 +1,74 @@
+"""Where each tensor could leave fast memory: its segments between uses (staged access).
+
+Under staged access a tensor must be in fast memory at every kernel that uses it (its
+producer and its readers). Between two consecutive uses a < b with b - a >= 2 lies a
+*gap* whose interior a+1..b-1 it may spend in slow memory. A carried graph input (a
+weight, buffer or optimizer state) may also start the iteration in slow memory (its
+*initial* segment 0..u1-1), and the updated value that replaces it may leave fast memory
+after its last use (its *final* segment u_m+1..K-1), so that the next iteration finds it
+where this one started it. The batch, scalars, constants and the loss stay in fast memory
+outside their uses, as do tensors too small to be worth moving.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..graph import Role, TrainingGraph
+
+CARRIED = ("param:", "buffer:", "opt:")
+
+
+@dataclass(frozen=True)
+class Segment:
+    tensor: int
+    kind: str  # "initial", "gap" or "final"
+    start: int  # first interior kernel
+    end: int  # last interior kernel (end < start: empty interior)
+    index: int  # position among the tensor's segments
+
+
+@dataclass(frozen=True)
+class TensorSegments:
+    tensor: int
+    nbytes: int
+    uses: tuple[int, ...]
+    segments: tuple[Segment, ...]
+    carried_input: bool  # may start slow
+    carried_output_of: int | None  # the input tensor whose tier this output must end in
+
+
+def carried_pairs(graph: TrainingGraph) -> dict[int, int]:
+    """Output tensor id -> input tensor id, for the state carried between iterations."""
+    p = graph.program
+    inputs = {key: tid for key, tid in p.input_keys}
+    return {tid: inputs[key] for key, tid in p.output_keys.items() if key in inputs and key.startswith(CARRIED)}
+
+
+def tensor_segments(graph: TrainingGraph, *, min_bytes: int = 0, pinned: frozenset[int] = frozenset(),
+                    pairs: dict[int, int] | None = None) -> list[TensorSegments]:
+    """The movable segments of every tensor that has any (others stay fast for life)."""
+    if pairs is None:
+        pairs = carried_pairs(graph)
+    carried_inputs = set(pairs.values())
+    n = len(graph.kernels)
+    out = []
+    for t in graph.tensors:
+        if t.id in pinned or t.nbytes < max(min_bytes, 1):
+            continue
+        uses = sorted(set(t.users) | ({t.producer} if t.producer is not None else set()))
+        if not uses:
+            continue
+        segs: list[Segment] = []
+        if t.producer is None and t.id in carried_inputs and t.role in (Role.WEIGHT, Role.BUFFER, Role.OPTIMIZER_STATE):
+            segs.append(Segment(t.id, "initial", 0, uses[0] - 1, len(segs)))
+        for a, b in zip(uses, uses[1:]):
+            if b - a >= 2:
+                segs.append(Segment(t.id, "gap", a + 1, b - 1, len(segs)))
+        if t.id in pairs:
+            segs.append(Segment(t.id, "final", uses[-1] + 1, n - 1, len(segs)))
+        if segs:
+            out.append(TensorSegments(t.id, t.nbytes, tuple(uses), tuple(segs),
+                                      carried_input=any(s.kind == "initial" for s in segs),
+                                      carried_output_of=pairs.get(t.id)))
+    return out

@@ -1,0 +1,757 @@
+"""profile(): measure a graph's kernels and a memory system's moves into a CostModel.
+
+Kernels are timed *in situ*: a `Replay` subclass runs the iteration on real tensors and,
+the first time it meets a kernel signature it has no timing for, times the ATen call on
+the real operands (they are in the interpreter's env at that point), then lets the replay
+go on. Each unique signature is timed once (staged access: every operand fast; direct
+access: every placement of its operands in fast/slow memory).
+
+Timing rule (`time_call`): the first call is a warm-up and sets the batch size: a call
+shorter than `MIN_BATCH_S` is repeated n times per sample, n = ceil(MIN_BATCH_S / t), and
+the per-call time is the batch time / n (the timer's resolution and overhead are then
+small against a sample). Samples are taken until the median is stable: at least
+`MIN_SAMPLES`, then stop as soon as adding a sample moves the median by less than
+`REL_TOL`, or at `MAX_SAMPLES`, or when the samples have taken `MAX_KERNEL_S`. The result
+is the median per-call time.
+
+The calls are functional (`node.target(*args)`), never the replay's in-place reuse path,
+so repeating a kernel changes nothing; the RNG state is restored after timing so random
+kernels (dropout) still produce the values the replay would.
+
+Moves: sync and async seconds of `to_slow` and `to_fast` over sizes 64 KiB .. 64 MiB,
+fitted per direction and mode as latency + bytes / bandwidth (least squares on relative
+error, both coefficients non-negative).
+
+Every measurement goes to the SQLite cache (`autotm.profile_cache`) as it completes,
+keyed by signature + placement + environment; `recache=True` measures everything again.
+
+Hypothetical hardware: ``profile(graph, "sim:optane")`` builds a roofline cost model
+from a tier spec (`autotm/specs/*.toml`); it needs no real tensors (fake-captured graphs
+work) and is labelled ``simulated=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import platform
+import statistics
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+import torch.fx as fx
+
+from .costmodel import DIRECTIONS, MOVE_MODES, CostModel, MoveCost, operand_tensors
+from .graph import TrainingGraph
+from .profile_cache import ProfileCache
+from .replay import Replay
+
+log = logging.getLogger("autotm.profile")
+
+# ---- timing rule -------------------------------------------------------------------------
+MIN_BATCH_S = 200e-6  # a sample shorter than this is a batch of repeated calls
+MIN_SAMPLES = 3
+MAX_SAMPLES = 15
+REL_TOL = 0.03
+MAX_KERNEL_S = 1.0  # time spent on samples of one kernel placement, at most (after MIN_SAMPLES)
+
+# ---- moves -------------------------------------------------------------------------------
+MOVE_SIZES = tuple(64 * 1024 * 4 ** i for i in range(6))  # 64 KiB .. 64 MiB
+MOVE_REPEATS = 3
+
+# Direct access: kernels with at most this many unique operands get every placement;
+# others get all-slow and the single-slow placements (CostModel.kernel_time adds them up).
+MAX_EXHAUSTIVE_OPERANDS = 4
+
+Progress = Callable[[int, int, str], None]  # (done, total, what)
+
+
+@dataclass
+class ProfileStats:
+    measured: int = 0  # kernel placements timed in this run
+    cache_hits: int = 0  # kernel placements found in the cache
+    move_samples_measured: int = 0
+    move_samples_cached: int = 0
+    unique_kernels: int = 0
+    total_kernels: int = 0
+    seconds: float = 0.0
+    cache_path: str = ""
+    cache_rebuilt: str | None = None
+
+    @property
+    def nothing_new(self) -> bool:
+        return self.measured == 0 and self.move_samples_measured == 0
+
+    def message(self) -> str:
+        if self.nothing_new:
+            return (f"nothing new measured: {self.cache_hits} kernel timings and "
+                    f"{self.move_samples_cached} move samples from the cache")
+        return (f"measured {self.measured} kernel timings and {self.move_samples_measured} move samples "
+                f"({self.cache_hits} kernel timings from the cache) in {self.seconds:.1f} s")
+
+
+# ------------------------------------------------------------------------------ environment
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(memory_system: str) -> dict:
+    """What a measurement depends on besides the kernel: the cache key's environment part."""
+    return {
+        "device": cpu_model(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "memory_system": memory_system,
+    }
+
+
+# ------------------------------------------------------------------------------- timing
+
+def time_call(fn: Callable[[], Any], *, first_seconds: float | None = None,
+              min_batch_s: float = MIN_BATCH_S, min_samples: int = MIN_SAMPLES,
+              max_samples: int = MAX_SAMPLES, rel_tol: float = REL_TOL,
+              max_seconds: float = MAX_KERNEL_S) -> tuple[float, int]:
+    """Median seconds per call of `fn` and the number of samples (rule: module docstring).
+
+    `first_seconds`: the duration of a call that just ran (it serves as the warm-up).
+    """
+    if first_seconds is None:
+        t0 = time.perf_counter()
+        fn()
+        first_seconds = time.perf_counter() - t0
+    n = 1 if first_seconds >= min_batch_s else max(1, math.ceil(min_batch_s / max(first_seconds, 1e-7)))
+    samples: list[float] = []
+    spent = 0.0
+    prev_median = None
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        dt = time.perf_counter() - t0
+        spent += dt
+        samples.append(dt / n)
+        med = statistics.median(samples)
+        if len(samples) >= min_samples:
+            if prev_median is not None and abs(med - prev_median) <= rel_tol * prev_median:
+                break
+            if len(samples) >= max_samples or spent >= max_seconds:
+                break
+        prev_median = med
+    return statistics.median(samples), len(samples)
+
+
+# ----------------------------------------------------------------------- placement keys
+
+def _arg_pattern(program, k: int) -> str:
+    """How kernel k's tensor arguments map to its unique tensors (a mul(x, x) is not a mul(x, y))."""
+    node = program.kernel_nodes[k]
+    labels: dict[int, int] = {}
+    out = []
+    for a in node.all_input_nodes:
+        tid = program.node_tensor.get(a)
+        if tid is not None:
+            out.append(str(labels.setdefault(tid, len(labels))))
+    return ",".join(out)
+
+
+def placement_key(placement: tuple[str, ...] | None, pattern: str = "") -> str:
+    """The cache's placement column: "fast" (every operand fast), else pattern + f/s letters."""
+    if placement is None or "slow" not in placement:
+        return "fast"
+    return f"{pattern}:{''.join(p[0] for p in placement)}"
+
+
+def placements(n: int) -> list[tuple[str, ...]]:
+    """The placements (with at least one slow operand) profiled for n unique operands."""
+    if n == 0:
+        return []
+    if n <= MAX_EXHAUSTIVE_OPERANDS:
+        out = []
+        for mask in range(1, 2 ** n):
+            out.append(tuple("slow" if mask >> i & 1 else "fast" for i in range(n)))
+        return out
+    singles = [tuple("slow" if j == i else "fast" for j in range(n)) for i in range(n)]
+    return singles + [("slow",) * n]
+
+
+# ------------------------------------------------------------------ in-situ kernel timing
+
+class ProfilingReplay(Replay):
+    """Runs the iteration and times every kernel placement in `todo` when first met."""
+
+    def __init__(self, graph: TrainingGraph, memory, todo: dict[int, list[tuple]], record: Callable):
+        super().__init__(graph)
+        self.memory = memory
+        self.todo = todo  # kernel index -> [(placement or None, cache placement key)]
+        self.record = record  # record(k, placement_key, seconds, samples)
+        self._override: dict[int, torch.Tensor] = {}
+
+    def storage_value(self, tid: int) -> torch.Tensor:
+        v = self._override.get(tid)
+        return v if v is not None else super().storage_value(tid)
+
+    def run_kernel(self, k: int) -> None:
+        jobs = self.todo.get(k)
+        if jobs:
+            self._time_kernel(k, jobs)
+        super().run_kernel(k)
+
+    def _args(self, node):
+        return (fx.node.map_arg(node.args, self.materialize), fx.node.map_arg(node.kwargs, self.materialize))
+
+    def _time_kernel(self, k: int, jobs: list[tuple]) -> None:
+        node = self.program.kernel_nodes[k]
+        kern = self.graph.kernels[k]
+        operands = operand_tensors(kern.inputs, kern.outputs)
+        outputs = set(kern.outputs)
+        rng = torch.get_rng_state()
+        try:
+            for placement, key in jobs:
+                slow_handles = []
+                try:
+                    slow_out = []
+                    if placement is not None:
+                        for tid, where in zip(operands, placement):
+                            if where != "slow":
+                                continue
+                            if tid in outputs:
+                                slow_out.append(tid)
+                            else:
+                                h = self.memory.to_slow(tid, self.storage_value(tid))
+                                slow_handles.append(h)
+                                view = self.memory.slow_view(h)
+                                if view is None:
+                                    raise ValueError(f"{self.memory.name} has no direct access to slow memory")
+                                self._override[tid] = view
+                    target = node.target
+                    materialize, map_arg = self.materialize, fx.node.map_arg
+                    outs = self.program.kernel_outputs[k]
+                    mem = self.memory
+
+                    # as the interpreter runs it: operands materialized (views re-derived
+                    # from their storages), then the ATen call, functional
+                    def fn():
+                        out = target(*map_arg(node.args, materialize), **map_arg(node.kwargs, materialize))
+                        if slow_out:  # the executor writes slow outputs after the kernel
+                            for tid, i in outs:
+                                if tid in slow_out:
+                                    mem.free_slow(mem.to_slow(tid, out if i is None else out[i]))
+                        return out
+                    seconds, samples = time_call(fn)
+                    del fn
+                finally:
+                    self._override.clear()
+                    for h in slow_handles:
+                        self.memory.free_slow(h)
+                self.record(k, key, seconds, samples)
+        finally:
+            torch.set_rng_state(rng)
+
+
+def _allocate_like_the_executor() -> None:
+    """Use the allocator settings the executor uses (glibc: large blocks in their own
+    mappings, returned at free), so a kernel's output allocation costs here what it costs
+    there. Process-wide, as in the executor."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 256 * 1024)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 1024 * 1024)  # M_TRIM_THRESHOLD
+    except OSError:  # not glibc
+        pass
+
+
+def synthetic_inputs(graph: TrainingGraph, seed: int = 0) -> dict[int, torch.Tensor]:
+    """Stand-in values for every graph input (timing does not depend on them): small
+    positive floats, zero integers (valid class indices), False booleans."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for key, tid in graph.program.input_keys:
+        t = graph.tensors[tid]
+        dtype = getattr(torch, t.dtype)
+        item = torch.empty((), dtype=dtype).element_size()
+        flat = torch.zeros(max(t.nbytes // item, 1), dtype=dtype)
+        if dtype.is_floating_point:
+            flat.uniform_(0.01, 0.1, generator=gen)
+        out[tid] = flat.as_strided(t.shape, t.stride)
+    return out
+
+
+# -------------------------------------------------------------------------------- moves
+
+def _fit_move(points: list[tuple[int, float]]) -> MoveCost:
+    """latency + nbytes / bandwidth, least squares on relative error, both >= 0."""
+    n = np.array([p[0] for p in points], dtype=float)
+    t = np.array([max(p[1], 1e-9) for p in points], dtype=float)
+    w = 1.0 / t
+    A = np.stack([w, n * w], axis=1)  # rows: (1/t, n/t) . (a, b) ~= 1
+    y = np.ones_like(t)
+    (a, b), *_ = np.linalg.lstsq(A, y, rcond=None)
+    if a < 0:  # through the origin
+        a = 0.0
+        x = n * w
+        b = float(x @ y / (x @ x))
+    if b <= 0:  # size does not matter: latency only
+        b = 1e-18
+        a = float(statistics.median(t))
+    return MoveCost(latency_s=float(a), bandwidth_bytes_per_s=float(1.0 / b))
+
+
+def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, repeats=MOVE_REPEATS,
+                  recache: bool = False, progress: Callable[[str], None] | None = None,
+                  stats: ProfileStats | None = None) -> dict[tuple[str, str], MoveCost]:
+    """Sync and async seconds of both directions over `sizes`, fitted per direction and mode."""
+    have = {} if recache else cache.move_samples(env)
+    want = [(n, r) for n in sizes for r in range(repeats)]
+    missing = [(n, r) for n, r in want
+               if any((d, m, n, r) not in have for d in DIRECTIONS for m in MOVE_MODES)]
+    if stats is not None:
+        stats.move_samples_cached += 4 * (len(want) - len(missing))
+    if missing:
+        warm = torch.zeros(sizes[0], dtype=torch.uint8)
+        h = memory.to_slow(-1, warm)  # warm-up: files, buffers and the I/O worker exist
+        memory.to_fast(h)
+        memory.free_slow(h)
+        h = memory.start_to_slow(-1, warm).wait()
+        memory.start_to_fast(h).wait()
+        memory.free_slow(h)
+    for n, r in missing:
+        t = torch.randint(0, 255, (n,), dtype=torch.uint8)
+        got = {}
+        t0 = time.perf_counter()
+        h = memory.to_slow(-1, t)
+        got[("to_slow", "sync")] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        back = memory.to_fast(h)
+        got[("to_fast", "sync")] = time.perf_counter() - t0
+        del back
+        memory.free_slow(h)
+        t0 = time.perf_counter()
+        h = memory.start_to_slow(-1, t).wait()
+        got[("to_slow", "async")] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        back = memory.start_to_fast(h).wait()
+        got[("to_fast", "async")] = time.perf_counter() - t0
+        del back
+        memory.free_slow(h)
+        for (d, m), s in got.items():
+            cache.put_move(env, d, m, n, r, s)
+            have[(d, m, n, r)] = s
+        if stats is not None:
+            stats.move_samples_measured += 4
+        if progress is not None:
+            progress(f"move {n >> 10} KiB")
+    out = {}
+    for d in DIRECTIONS:
+        for m in MOVE_MODES:
+            pts = [(n, have[(d, m, n, r)]) for n, r in want]
+            out[(d, m)] = _fit_move(pts)
+    return out
+
+
+# ------------------------------------------------------------------------------ profile
+
+def _open_cache(cache) -> tuple[ProfileCache, bool]:
+    if isinstance(cache, ProfileCache):
+        return cache, False
+    return ProfileCache(cache), True
+
+
+def profile(graph: TrainingGraph, memory_system, cache: ProfileCache | str | os.PathLike | None = None, *,
+            inputs: Mapping[int, torch.Tensor] | None = None, recache: bool = False,
+            progress: Progress | None = None, return_stats: bool = False,
+            move_sizes: tuple[int, ...] = MOVE_SIZES, move_repeats: int = MOVE_REPEATS):
+    """Profile `graph` on `memory_system` and return its CostModel.
+
+    Args:
+        graph: a TrainingGraph captured on real tensors (fake-captured graphs only work
+            with ``sim:<spec>`` memory systems).
+        memory_system: a MemorySystem, or a name: ``"cpu+file"`` etc. (built and closed
+            here), or ``"sim:<spec>"`` (a tier spec name or a path to a TOML file).
+        cache: a ProfileCache, a path to its SQLite file, or None for the default file.
+        inputs: graph input values by tensor id (e.g. ``TrainingState(graph, model,
+            opt).inputs(batch)``); default: synthetic values of the right layout.
+        recache: measure everything again (replacing this environment's cached values).
+        progress: called as progress(done, total, what) after each measurement.
+        return_stats: return (CostModel, ProfileStats) instead of the CostModel.
+        move_sizes, move_repeats: the sizes (bytes) and repeats of the move measurements.
+    """
+    if isinstance(memory_system, str) and memory_system.startswith("sim:"):
+        cm, stats = _profile_sim(graph, memory_system, cache, recache=recache)
+        return (cm, stats) if return_stats else cm
+    owned = None
+    if isinstance(memory_system, str):
+        from .tiers import make_memory_system
+
+        memory_system = owned = make_memory_system(memory_system)
+    try:
+        cm, stats = _profile_real(graph, memory_system, cache, inputs=inputs, recache=recache,
+                                  progress=progress, move_sizes=tuple(move_sizes), move_repeats=move_repeats)
+    finally:
+        if owned is not None:
+            owned.close()
+    log.info("profile %s on %s: %s", graph.name, cm.memory_system, stats.message())
+    return (cm, stats) if return_stats else cm
+
+
+def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes, move_repeats):
+    if graph.fake:
+        raise ValueError(f"graph {graph.name} was captured on fake tensors: it cannot be timed on "
+                         f"{memory.name}; capture it on real tensors, or profile on a sim:<spec> system")
+    t_start = time.perf_counter()
+    _allocate_like_the_executor()
+    db, owned = _open_cache(cache)
+    try:
+        stats = ProfileStats(total_kernels=len(graph.kernels), cache_path=str(db.path),
+                             cache_rebuilt=db.rebuilt_reason)
+        envd = environment(memory.name)
+        env = db.environment(envd)
+        have = {} if recache else db.kernel_times(env)  # recache: measure again, replace the rows
+        direct = memory.access == "direct"
+        program = graph.program
+
+        # what each kernel needs, and which kernel (first with the signature) times it
+        needs: list[list[tuple]] = []
+        todo: dict[int, list[tuple]] = {}
+        planned: set[tuple[str, str]] = set()
+        for k, kern in enumerate(graph.kernels):
+            jobs = [(None, "fast")]
+            if direct:
+                pattern = _arg_pattern(program, k)
+                n = len(operand_tensors(kern.inputs, kern.outputs))
+                jobs += [(p, placement_key(p, pattern)) for p in placements(n)]
+            needs.append(jobs)
+            for p, key in jobs:
+                ck = (kern.signature, key)
+                if ck in have:
+                    if ck not in planned:
+                        stats.cache_hits += 1
+                        planned.add(ck)
+                elif ck not in planned:
+                    planned.add(ck)
+                    todo.setdefault(k, []).append((p, key))
+        stats.unique_kernels = graph.unique_signatures
+        n_move = len(move_sizes) * move_repeats
+        total = sum(len(v) for v in todo.values()) + n_move
+        done = [0]
+
+        def tick(what: str) -> None:
+            done[0] += 1
+            if progress is not None:
+                progress(done[0], total, what)
+
+        def record(k: int, key: str, seconds: float, samples: int) -> None:
+            sig = graph.kernels[k].signature
+            db.put_kernel(env, sig, key, seconds, samples)
+            have[(sig, key)] = seconds
+            stats.measured += 1
+            tick(graph.kernels[k].op)
+
+        moves = measure_moves(memory, db, env, sizes=move_sizes, repeats=move_repeats, recache=recache,
+                              stats=stats, progress=tick)
+        done[0] = max(done[0], n_move)
+        if progress is not None:
+            progress(done[0], total, "moves")
+        if todo:
+            if inputs is None:
+                inputs = synthetic_inputs(graph)
+            interp = ProfilingReplay(graph, memory, todo, record)
+            with torch.no_grad():
+                interp.run(dict(inputs))
+        kernel_seconds = tuple(have[(k.signature, "fast")] for k in graph.kernels)
+        placement_seconds: dict[int, dict[tuple[str, ...], float]] = {}
+        if direct:
+            for k, kern in enumerate(graph.kernels):
+                placement_seconds[k] = {p: have[(kern.signature, key)] for p, key in needs[k] if p is not None}
+        stats.seconds = time.perf_counter() - t_start
+        cm = CostModel(graph_fingerprint=graph.fingerprint, memory_system=memory.name, access=memory.access,
+                       kernel_seconds=kernel_seconds, placement_seconds=placement_seconds, moves=moves,
+                       simulated=False, environment=envd)
+        return cm, stats
+    finally:
+        if owned:
+            db.close()
+
+
+# ----------------------------------------------------------------------- tier specs (sim)
+
+SPEC_DIR = Path(__file__).with_name("specs")
+_G = 1e9
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """A hypothetical memory system read from a TOML spec (see autotm/specs/*.toml)."""
+
+    name: str
+    description: str
+    access: str  # "staged" | "direct"
+    fast_read_bw: float  # bytes/s a kernel reads from fast memory
+    fast_write_bw: float
+    slow_read_bw: float
+    slow_write_bw: float
+    fast_latency_s: float
+    slow_latency_s: float
+    moves: dict[tuple[str, str], MoveCost]
+    peak_flops: float | None  # None: this machine's measured peak
+    source: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def spec_names() -> list[str]:
+    return sorted(p.stem for p in SPEC_DIR.glob("*.toml"))
+
+
+def load_spec(spec: str | os.PathLike) -> TierSpec:
+    """A tier spec by name ("optane", "sim:optane") or path to a TOML file."""
+    s = str(spec)
+    if s.startswith("sim:"):
+        s = s[4:]
+    path = Path(s)
+    if not (path.suffix == ".toml" and path.exists()):
+        path = SPEC_DIR / f"{s}.toml"
+        if not path.exists():
+            raise ValueError(f"unknown tier spec {s!r}; shipped specs: {', '.join(spec_names())} "
+                             "(or pass a path to a .toml file)")
+    try:
+        d = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"tier spec {path} is not valid TOML: {e}") from None
+    try:
+        fast, slow, mv = d["fast"], d["slow"], d["moves"]
+        moves = {}
+        for direction in DIRECTIONS:
+            for mode in MOVE_MODES:
+                m = mv[direction][mode]
+                moves[(direction, mode)] = MoveCost(float(m.get("latency_us", 0.0)) * 1e-6,
+                                                    float(m["bandwidth_gbps"]) * _G)
+        access = d["access"]
+        if access not in ("staged", "direct"):
+            raise ValueError(f"access must be 'staged' or 'direct', got {access!r}")
+        peak = d.get("compute", {}).get("peak_gflops")
+        return TierSpec(
+            name=d.get("name", path.stem), description=d.get("description", ""), access=access,
+            fast_read_bw=float(fast["read_gbps"]) * _G, fast_write_bw=float(fast["write_gbps"]) * _G,
+            slow_read_bw=float(slow["read_gbps"]) * _G, slow_write_bw=float(slow["write_gbps"]) * _G,
+            fast_latency_s=float(fast.get("latency_ns", 0.0)) * 1e-9,
+            slow_latency_s=float(slow.get("latency_ns", 0.0)) * 1e-9,
+            moves=moves, peak_flops=None if peak is None else float(peak) * _G,
+            source=d.get("source", ""), extra={"path": str(path)})
+    except KeyError as e:
+        raise ValueError(f"tier spec {path} is missing {e}") from None
+
+
+def measure_peak_flops(cache: ProfileCache | str | os.PathLike | None = None, *, recache: bool = False,
+                       size: int = 1024) -> float:
+    """This machine's float32 matmul FLOP/s (a size x size matmul, median), cached."""
+    db, owned = _open_cache(cache)
+    try:
+        env = db.environment({k: v for k, v in environment("compute").items()})
+        if not recache:
+            v = db.value(env, "peak_flops")
+            if v is not None:
+                return v
+        a = torch.randn(size, size)
+        b = torch.randn(size, size)
+        seconds, _ = time_call(lambda: torch.mm(a, b), min_samples=5)
+        flops = 2.0 * size ** 3 / seconds
+        db.put_value(env, "peak_flops", flops)
+        return flops
+    finally:
+        if owned:
+            db.close()
+
+
+def operand_bytes(graph: TrainingGraph, k: int) -> tuple[dict[int, int], dict[int, int]]:
+    """Bytes kernel k reads from each input tensor and writes to each output tensor, as the
+    kernel sees them (views, not whole storages; capped at the storage's size)."""
+    kern = graph.kernels[k]
+    reads: dict[int, int] = {}
+    writes: dict[int, int] = {t: graph.tensors[t].nbytes for t in kern.outputs}
+    p = graph.program
+    if p is not None and getattr(p, "kernel_nodes", None):
+        node = p.kernel_nodes[k]
+        for a in node.all_input_nodes:
+            tid = p.node_tensor.get(a)
+            v = a.meta.get("val")
+            if tid is None:
+                continue
+            vals = v if isinstance(v, (list, tuple)) else [v]
+            nb = sum(x.numel() * x.element_size() for x in vals if isinstance(x, torch.Tensor))
+            reads[tid] = reads.get(tid, 0) + nb
+        out = node.meta.get("val")
+        for tid, i in p.kernel_outputs[k]:
+            v = out if i is None else out[i]
+            if isinstance(v, torch.Tensor):
+                writes[tid] = v.numel() * v.element_size()
+    for t in kern.inputs:
+        reads[t] = min(reads.get(t, graph.tensors[t].nbytes), graph.tensors[t].nbytes)
+    for t in kern.outputs:
+        writes[t] = min(writes[t], graph.tensors[t].nbytes)
+    return reads, writes
+
+
+def roofline_seconds(flops: float, reads: Mapping[int, int], writes: Mapping[int, int],
+                     placement: Mapping[int, str], spec: TierSpec, peak_flops: float) -> float:
+    """max(flops / peak, sum over operands of bytes / bandwidth of its tier), plus the
+    access latency of each tier the kernel touches."""
+    mem = 0.0
+    tiers = set()
+    for tid, nb in reads.items():
+        slow = placement.get(tid) == "slow"
+        tiers.add(slow)
+        mem += nb / (spec.slow_read_bw if slow else spec.fast_read_bw)
+    for tid, nb in writes.items():
+        slow = placement.get(tid) == "slow"
+        tiers.add(slow)
+        mem += nb / (spec.slow_write_bw if slow else spec.fast_write_bw)
+    lat = sum(spec.slow_latency_s if s else spec.fast_latency_s for s in tiers)
+    return max(flops / peak_flops, mem) + lat
+
+
+def cost_model_from_spec(graph: TrainingGraph, spec: str | os.PathLike | TierSpec, *,
+                         cache: ProfileCache | str | os.PathLike | None = None,
+                         peak_flops: float | None = None) -> CostModel:
+    """A roofline CostModel of `graph` on the hypothetical memory system `spec`.
+
+    Kernel time = max(kernel.flops / peak_flops, sum over operands of bytes / bandwidth
+    of the tier the operand is in) + the latency of each tier touched. Peak FLOP/s: the
+    argument, else the spec's, else this machine's measured peak (cached).
+    """
+    spec = spec if isinstance(spec, TierSpec) else load_spec(spec)
+    if peak_flops is None:
+        peak_flops = spec.peak_flops if spec.peak_flops is not None else measure_peak_flops(cache)
+    kernel_seconds = []
+    placement_seconds: dict[int, dict[tuple[str, ...], float]] = {}
+    for k, kern in enumerate(graph.kernels):
+        reads, writes = operand_bytes(graph, k)
+        kernel_seconds.append(roofline_seconds(kern.flops, reads, writes, {}, spec, peak_flops))
+        if spec.access == "direct":
+            ops = operand_tensors(kern.inputs, kern.outputs)
+            table = {}
+            for p in placements(len(ops)):
+                table[p] = roofline_seconds(kern.flops, reads, writes, dict(zip(ops, p)), spec, peak_flops)
+            placement_seconds[k] = table
+    env = {"spec": spec.name, "spec_path": spec.extra.get("path", ""), "peak_flops": peak_flops,
+           "description": spec.description}
+    return CostModel(graph_fingerprint=graph.fingerprint, memory_system=f"sim:{spec.name}", access=spec.access,
+                     kernel_seconds=tuple(kernel_seconds), placement_seconds=placement_seconds,
+                     moves=dict(spec.moves), simulated=True, environment=env)
+
+
+def _profile_sim(graph, name, cache, *, recache):
+    t0 = time.perf_counter()
+    spec = load_spec(name)
+    peak = spec.peak_flops if spec.peak_flops is not None else measure_peak_flops(cache, recache=recache)
+    cm = cost_model_from_spec(graph, spec, peak_flops=peak)
+    stats = ProfileStats(unique_kernels=graph.unique_signatures, total_kernels=len(graph.kernels),
+                         seconds=time.perf_counter() - t0)
+    return cm, stats
+
+
+# ---------------------------------------------------------------------------- workloads
+
+def capture_real(w, seed: int = 0):
+    """Capture workload `w` on real tensors: (graph, model, optimizer, batch, inputs)."""
+    from .capture import capture
+    from .replay import TrainingState
+
+    model = w.build_model(seed=seed)
+    opt = w.make_optimizer(model.parameters())
+    batch = w.make_batch(seed=seed)
+    graph = capture(model, w.loss_fn(), opt, batch, name=w.name)
+    inputs = TrainingState(graph, model, opt).inputs(batch)
+    return graph, model, opt, batch, inputs
+
+
+def profile_workload(w, memory: str = "cpu+file", cache=None, *, recache: bool = False,
+                     progress: Progress | None = None):
+    """Capture `w` (fake for sim:<spec>, real otherwise) and profile it: (graph, CostModel, ProfileStats)."""
+    if memory.startswith("sim:"):
+        from .workloads import capture_workload
+
+        graph = capture_workload(w, fake=True)
+        cm, stats = profile(graph, memory, cache, recache=recache, return_stats=True)
+        return graph, cm, stats
+    graph, model, opt, batch, inputs = capture_real(w)
+    del model, opt, batch
+    cm, stats = profile(graph, memory, cache, inputs=inputs, recache=recache, progress=progress,
+                        return_stats=True)
+    return graph, cm, stats
+
+
+def profile_command(models: list[str], preset: str | None = None, batch: int | None = None,
+                    image: int | None = None, memory: str = "cpu+file", cache: str | None = None,
+                    recache: bool = False, as_json: bool = False) -> list[dict]:
+    """`autotm profile`: profile each model's workload on `memory`, with a progress bar
+    (kernel timings done / total, ETA) and a summary table; or JSON on stdout (the bar then
+    goes to stderr). Returns the summary rows."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn, \
+        TimeRemainingColumn
+    from rich.table import Table
+
+    from .zoo import workload
+
+    out = Console()
+    err = Console(stderr=True)
+    if preset is None and (batch is None or image is None):
+        preset = "test"
+    rows = []
+    for name in models:
+        w = workload(name, preset, batch=batch, image=image)
+        with Bar(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                 TextColumn("{task.fields[what]}"), TimeElapsedColumn(), TextColumn("ETA"),
+                 TimeRemainingColumn(), console=err, transient=as_json) as bar:
+            task = bar.add_task(w.name, total=None, what="capturing")
+
+            def progress(done: int, total: int, what: str) -> None:
+                bar.update(task, completed=done, total=total, what=what[:40])
+
+            t0 = time.perf_counter()
+            graph, cm, stats = profile_workload(w, memory, cache, recache=recache, progress=progress)
+            bar.update(task, what="done", completed=bar.tasks[0].total or 0)
+        rows.append({
+            "workload": w.name, "memory_system": cm.memory_system, "access": cm.access,
+            "simulated": cm.simulated, "kernels": len(graph.kernels), "unique_kernels": graph.unique_signatures,
+            "measured": stats.measured, "cache_hits": stats.cache_hits,
+            "move_samples_measured": stats.move_samples_measured,
+            "profile_seconds": round(stats.seconds, 3), "total_seconds": round(time.perf_counter() - t0, 3),
+            "predicted_all_fast_seconds": round(cm.total_kernel_seconds, 6),
+            "moves": {f"{d}/{m}": {"latency_s": c.latency_s, "bandwidth_bytes_per_s": c.bandwidth_bytes_per_s}
+                      for (d, m), c in cm.moves.items()},
+            "cache": stats.cache_path, "message": stats.message(),
+        })
+        if stats.cache_rebuilt:
+            err.print(f"[yellow]cache rebuilt: {stats.cache_rebuilt}[/yellow]")
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return rows
+    t = Table(title=f"profile on {memory}")
+    for col in ("workload", "kernels", "unique", "measured", "cache hits", "seconds", "all-fast (pred.)"):
+        t.add_column(col, justify="left" if col == "workload" else "right")
+    for r in rows:
+        t.add_row(r["workload"], str(r["kernels"]), str(r["unique_kernels"]), str(r["measured"]),
+                  str(r["cache_hits"]), f"{r['total_seconds']:.1f}", f"{r['predicted_all_fast_seconds']:.3f} s")
+    out.print(t)
+    for r in rows:
+        out.print(f"{r['workload']}: {r['message']}")
+    return rows

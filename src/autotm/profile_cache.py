@@ -1,0 +1,186 @@
+"""The profiler's persistent cache: one SQLite file of measurements.
+
+Keys: an *environment* (a dict naming the machine and software: CPU model, torch thread
+count, torch version, memory system; stored once, referred to by its hash), then
+
+- kernel timings: (environment, kernel signature, placement) -> seconds;
+- move samples: (environment, direction, mode, bytes, repeat) -> seconds;
+- values: (environment, name) -> a number (e.g. the measured peak FLOP/s).
+
+Every measurement is committed as soon as it is recorded (autocommit, WAL journal), so a
+profiler killed mid-way loses nothing it had finished. The file stores its schema version;
+a file that is not a readable cache of this version is moved aside with a warning and a
+fresh cache is built in its place: never a crash, never stale data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import time
+import warnings
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+APP_ID = "autotm-profile-cache"
+
+
+class CacheWarning(UserWarning):
+    """The cache file was unusable (corrupt or another version) and was rebuilt."""
+
+
+def default_cache_path() -> Path:
+    """$AUTOTM_CACHE_DIR/profile.sqlite, else the user's cache dir (platformdirs)."""
+    env = os.environ.get("AUTOTM_CACHE_DIR")
+    if env:
+        return Path(env) / "profile.sqlite"
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("autotm")) / "profile.sqlite"
+
+
+def environment_key(environment: dict) -> str:
+    return hashlib.sha256(json.dumps(environment, sort_keys=True).encode()).hexdigest()[:16]
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS environments (env TEXT PRIMARY KEY, description TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS kernels (
+    env TEXT NOT NULL, signature TEXT NOT NULL, placement TEXT NOT NULL,
+    seconds REAL NOT NULL, samples INTEGER NOT NULL, measured_at REAL NOT NULL,
+    PRIMARY KEY (env, signature, placement));
+CREATE TABLE IF NOT EXISTS moves (
+    env TEXT NOT NULL, direction TEXT NOT NULL, mode TEXT NOT NULL, nbytes INTEGER NOT NULL,
+    rep INTEGER NOT NULL, seconds REAL NOT NULL,
+    PRIMARY KEY (env, direction, mode, nbytes, rep));
+CREATE TABLE IF NOT EXISTS vals (
+    env TEXT NOT NULL, name TEXT NOT NULL, value REAL NOT NULL, PRIMARY KEY (env, name));
+"""
+
+
+class ProfileCache:
+    """An open cache file. `path=None`: the default location; ":memory:" for none on disk."""
+
+    def __init__(self, path: str | os.PathLike | None = None):
+        self.path = default_cache_path() if path is None else path
+        self.rebuilt_reason: str | None = None
+        self._db = self._open()
+
+    # ---- opening ----------------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        if str(self.path) != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(str(self.path), isolation_level=None, timeout=30.0)
+        return db
+
+    def _problem(self, db: sqlite3.Connection) -> str | None:
+        """Why the open file is not a usable cache of this version (None: it is)."""
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if not tables:
+            return None  # new, empty file
+        if "meta" not in tables:
+            return "it is not an autotm profile cache"
+        meta = dict(db.execute("SELECT name, value FROM meta").fetchall())
+        if meta.get("app") != APP_ID:
+            return "it is not an autotm profile cache"
+        if meta.get("schema_version") != str(SCHEMA_VERSION):
+            return (f"it has schema version {meta.get('schema_version')}, this autotm uses "
+                    f"{SCHEMA_VERSION}")
+        ok = db.execute("PRAGMA quick_check").fetchone()
+        if not ok or ok[0] != "ok":
+            return f"SQLite reports it damaged ({ok[0] if ok else 'no answer'})"
+        return None
+
+    def _open(self) -> sqlite3.Connection:
+        reason = None
+        try:
+            db = self._connect()
+            reason = self._problem(db)
+            if reason is None:
+                self._init(db)
+                return db
+            db.close()
+        except sqlite3.DatabaseError as e:
+            reason = f"it cannot be read as SQLite ({e})"
+            try:
+                db.close()
+            except Exception:
+                pass
+        # unusable: move it aside (kept for inspection) and start again
+        self.rebuilt_reason = reason
+        aside = None
+        if str(self.path) != ":memory:":
+            p = Path(self.path)
+            aside = p.with_name(p.name + f".broken-{int(time.time())}")
+            for suffix in ("", "-wal", "-shm"):
+                src = Path(str(p) + suffix)
+                if src.exists():
+                    try:
+                        os.replace(src, Path(str(aside) + suffix))
+                    except OSError:
+                        src.unlink(missing_ok=True)
+        warnings.warn(f"autotm profile cache {self.path} is unusable: {reason}; "
+                      f"rebuilding it{f' (old file moved to {aside})' if aside else ''}",
+                      CacheWarning, stacklevel=3)
+        db = self._connect()
+        self._init(db)
+        return db
+
+    def _init(self, db: sqlite3.Connection) -> None:
+        if str(self.path) != ":memory:":
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(_SCHEMA)
+        db.execute("INSERT OR IGNORE INTO meta VALUES ('app', ?)", (APP_ID,))
+        db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> ProfileCache:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- environments -----------------------------------------------------------------
+    def environment(self, environment: dict) -> str:
+        key = environment_key(environment)
+        self._db.execute("INSERT OR IGNORE INTO environments VALUES (?, ?)",
+                         (key, json.dumps(environment, sort_keys=True)))
+        return key
+
+    # ---- kernels ----------------------------------------------------------------------
+    def kernel_times(self, env: str) -> dict[tuple[str, str], float]:
+        """Every kernel timing of `env`: (signature, placement) -> seconds."""
+        return {(s, p): t for s, p, t in
+                self._db.execute("SELECT signature, placement, seconds FROM kernels WHERE env=?", (env,))}
+
+    def put_kernel(self, env: str, signature: str, placement: str, seconds: float, samples: int) -> None:
+        self._db.execute("INSERT OR REPLACE INTO kernels VALUES (?, ?, ?, ?, ?, ?)",
+                         (env, signature, placement, float(seconds), int(samples), time.time()))
+
+    def forget(self, env: str) -> None:
+        """Drop every measurement of `env` (recache)."""
+        for table in ("kernels", "moves", "vals"):
+            self._db.execute(f"DELETE FROM {table} WHERE env=?", (env,))
+
+    # ---- moves ------------------------------------------------------------------------
+    def move_samples(self, env: str) -> dict[tuple[str, str, int, int], float]:
+        return {(d, m, n, r): s for d, m, n, r, s in
+                self._db.execute("SELECT direction, mode, nbytes, rep, seconds FROM moves WHERE env=?", (env,))}
+
+    def put_move(self, env: str, direction: str, mode: str, nbytes: int, rep: int, seconds: float) -> None:
+        self._db.execute("INSERT OR REPLACE INTO moves VALUES (?, ?, ?, ?, ?, ?)",
+                         (env, direction, mode, int(nbytes), int(rep), float(seconds)))
+
+    # ---- values -----------------------------------------------------------------------
+    def value(self, env: str, name: str) -> float | None:
+        row = self._db.execute("SELECT value FROM vals WHERE env=? AND name=?", (env, name)).fetchone()
+        return None if row is None else float(row[0])
+
+    def put_value(self, env: str, name: str, value: float) -> None:
+        self._db.execute("INSERT OR REPLACE INTO vals VALUES (?, ?, ?)", (env, name, float(value)))

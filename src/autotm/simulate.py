@@ -1,0 +1,143 @@
+"""simulate(): the predicted time of a plan, replayed event by event against a cost model.
+
+This module is THE definition of a plan's predicted iteration time. It walks the plan
+timeline of `autotm.plan` with `autotm.validate.PlanReplay` (so a plan the validator
+rejects is rejected here too) and charges, with c = cost_model:
+
+    T = T_in + sum_k [ S_k + max(K_k, A_k) ] + T_out
+
+    S_k  = sum over sync moves m at k of c.move_seconds(m.nbytes, dir(m), "sync")
+           dir(evict) = "to_slow", dir(prefetch) = "to_fast", drop costs 0
+    K_k  = c.kernel_time(k, placement_k)
+           placement_k: per unique operand of k (kernel.inputs + kernel.outputs order)
+           "slow" if the timeline has it in slow memory while k runs (direct access),
+           else "fast"; staged access: the all-fast time
+    A_k  = sum over async moves m at k of c.move_seconds(m.nbytes, dir(m), "async")
+           (the copies at one kernel run one after another on the single I/O worker,
+           and together overlap kernel k)
+    T_in = sum over graph inputs that start slow and are not carried between iterations
+           (the batch, per-iteration scalars) of c.move_seconds(nbytes, "to_slow", "sync")
+           (the executor writes them to slow memory when it places the inputs)
+    T_out = carry and return moves after the last kernel (see Executor.run_iteration):
+           for every graph output whose matching graph input starts slow and which has
+           no slow copy at the end: c.move_seconds(nbytes, "to_slow", "sync");
+           for every other graph output that is not in fast memory at the end:
+           c.move_seconds(nbytes, "to_fast", "sync")
+
+`Simulation.kernel_seconds[k]` is max(K_k, A_k), the effective time of kernel k with its
+overlapping copies; `sync_move_seconds` is sum_k S_k + T_in + T_out. `fast_bytes[k]` is
+the fast-tier bytes while kernel k runs (the validator's step-3 value).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .costmodel import CostModel, operand_tensors
+from .graph import TrainingGraph
+from .plan import Plan, PlanError
+from .validate import Move, PlanReplay
+
+_DIRECTION = {"evict": "to_slow", "prefetch": "to_fast"}
+
+
+@dataclass(frozen=True, eq=False)
+class Simulation:
+    predicted_seconds: float
+    kernel_seconds: np.ndarray  # effective per kernel: max(kernel time, async copies overlapping it)
+    sync_move_seconds: float  # every sync move, including input placement and carry moves
+    fast_bytes: np.ndarray  # per kernel, while it runs (int64)
+    peak_fast_bytes: int
+    simulated: bool  # the cost model came from a hypothetical tier spec
+    async_move_seconds: float = 0.0  # every async copy (hidden behind kernels where they are longer)
+
+
+def _move_seconds(cm: CostModel, m: Move, mode: str) -> float:
+    d = _DIRECTION.get(m.action.kind)
+    return 0.0 if d is None else cm.move_seconds(m.nbytes, d, mode)
+
+
+def _end_state(plan: Plan, graph: TrainingGraph) -> tuple[list[bool], list[bool]]:
+    """Per tensor: (fast copy after the last kernel, slow copy after the last kernel),
+    from its initial tier and its actions (meaningful for tensors live at the end)."""
+    fast = [True] * len(graph.tensors)
+    slow = [False] * len(graph.tensors)
+    for tp in plan.tensors:
+        f, s = tp.initial == "fast", tp.initial == "slow"
+        for a in tp.actions:
+            if a.kind == "prefetch":
+                f = True
+            elif a.kind == "evict":
+                s = True
+                f = f and a.keep_fast
+            else:
+                f = False
+        fast[tp.id], slow[tp.id] = f, s
+    return fast, slow
+
+
+def simulate(plan: Plan, graph: TrainingGraph, cost_model: CostModel) -> Simulation:
+    """Predict one iteration of `plan` on `graph` with `cost_model` (formula: module doc).
+
+    Raises PlanError if the plan breaks a rule of the timeline or the cost model was made
+    for another graph or access model.
+    """
+    cm = cost_model
+    if cm.graph_fingerprint != graph.fingerprint:
+        raise PlanError(f"cost model was made for graph fingerprint {cm.graph_fingerprint}, "
+                        f"not {graph.fingerprint} ({graph.name})")
+    if len(cm.kernel_seconds) != len(graph.kernels):
+        raise PlanError(f"cost model has {len(cm.kernel_seconds)} kernels, graph has {len(graph.kernels)}")
+    direct = plan.access == "direct"
+    if direct and cm.access != "direct":
+        raise PlanError(f"plan is for direct access but the cost model ({cm.memory_system}) is {cm.access}")
+    n = len(graph.kernels)
+    replay = PlanReplay(plan, graph, budget_bytes=None)
+    eff = np.zeros(n)
+    fast = np.zeros(n, dtype=np.int64)
+    sync_total = 0.0
+    async_total = 0.0
+    initial = {tp.id: tp.initial for tp in plan.tensors}
+    p = graph.program
+
+    # T_in: non-carried inputs that start slow are written there when placed
+    carried = set(p.output_keys) if p is not None else set()
+    if p is not None:
+        for key, tid in p.input_keys:
+            if initial.get(tid) == "slow" and key not in carried:
+                sync_total += cm.move_seconds(graph.tensors[tid].nbytes, "to_slow", "sync")
+
+    for step in replay:
+        k = step.kernel
+        s = sum(_move_seconds(cm, m, "sync") for m in step.sync_moves)
+        a = sum(_move_seconds(cm, m, "async") for m in step.async_moves)
+        placement = None
+        if direct and step.slow_operands:
+            kern = graph.kernels[k]
+            slow = set(step.slow_operands)
+            placement = tuple("slow" if t in slow else "fast" for t in operand_tensors(kern.inputs, kern.outputs))
+        kt = cm.kernel_time(k, placement)
+        eff[k] = max(kt, a)
+        sync_total += s
+        async_total += a
+        fast[k] = step.fast_bytes
+
+    # T_out: carry moves and outputs to return from slow memory
+    if p is not None and n:
+        end_fast, end_slow = _end_state(plan, graph)
+        slow_inputs = {key for key, tid in p.input_keys if initial.get(tid) == "slow"}
+        for key, tid in p.output_keys.items():
+            nb = graph.tensors[tid].nbytes
+            if key in slow_inputs:
+                if not end_slow[tid]:
+                    sync_total += cm.move_seconds(nb, "to_slow", "sync")
+            elif not end_fast[tid]:
+                sync_total += cm.move_seconds(nb, "to_fast", "sync")
+
+    sim = Simulation(predicted_seconds=float(eff.sum() + sync_total), kernel_seconds=eff,
+                     sync_move_seconds=float(sync_total), fast_bytes=fast,
+                     peak_fast_bytes=int(fast.max()) if n else 0, simulated=cm.simulated,
+                     async_move_seconds=float(async_total))
+    return sim

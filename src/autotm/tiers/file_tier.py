@@ -1,0 +1,426 @@
+"""``cpu+file``: DRAM as the fast tier, a file on local storage as the slow tier.
+
+Design (measured on ext4 over virtio, see benchmarks/file_tier_bandwidth.py):
+
+* **One arena file per memory system**, not one file per tensor. Slow tensors are
+  extents of it, kept by a best-fit allocator with coalescing, 4096-byte granular. The
+  file grows with ``posix_fallocate`` (so a full disk is reported before any data is
+  written) and keeps its high-water size; freed extents are reused, and overwriting
+  allocated blocks is the fastest direct-I/O write (no block allocation, no unlink
+  and discard per tensor: unlinking a 256 MiB file cost 50 ms here).
+* **The arena is unlinked right after it is opened**: its blocks belong to the open
+  descriptor only, so nothing is left on disk however the process ends (even SIGKILL).
+  Only the private directory remains to remove, which ``close()``, garbage collection
+  and interpreter exit (including after Ctrl-C) do. For the same reason the slow file
+  cannot be removed underneath a running system: deleting the directory (a temp
+  cleaner) changes nothing until ``close()``.
+* **Direct I/O (O_DIRECT) without copies.** O_DIRECT needs buffer addresses, file
+  offsets and lengths aligned to 4096. A write takes the whole pages that hold the
+  tensor's storage straight from the tensor's memory, and stores them at a 4096-aligned
+  file offset, so the storage starts ``pad = data_ptr % 4096`` bytes into its extent
+  (the bytes around it in those pages are written but never read back). A read goes into
+  a page-aligned anonymous mapping, and the returned tensor is made over it with
+  ``torch.frombuffer(..., offset=pad)``: its storage is exactly the original size.
+  Fresh pages are costly (first-touch page faults ran at about the speed of the disk
+  here), so those buffers are recycled: when the fast tensor dies its mapping returns to
+  a small cache (``fast_cache_bytes``), as a caching allocator does. Storages under
+  256 KiB are read into a cached buffer and copied into a plain ``torch.empty``
+  tensor instead. Tensors read back from the file tier have non-resizable storages.
+* **Fallback**: where O_DIRECT is refused (EINVAL, some file systems), a one-time warning
+  is given and buffered I/O is used, with ``fdatasync`` and
+  ``posix_fadvise(POSIX_FADV_DONTNEED)`` after each write so the data leaves the page
+  cache.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import errno
+import mmap
+import os
+import threading
+import warnings
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from autotm.tiers.base import (
+    PAGE,
+    MemorySystem,
+    SlowHandle,
+    TensorLayout,
+    TierError,
+    make_private_dir,
+    round_up,
+    tensor_on_bytes,
+)
+
+SMALL_READ_BYTES = 256 << 10
+"""Storages below this are read through a cached buffer and copied into torch.empty."""
+
+IO_CHUNK = 1 << 30
+"""Largest single pread/pwrite (Linux moves at most 2 GiB - 4 KiB per call)."""
+
+HUGE_PAGE_MIN = 4 << 20
+"""Fast buffers at least this large ask for transparent huge pages (fewer page faults)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Extent:
+    """Where one slow storage lives in the arena: bytes [offset, offset + length) of the
+    file, the storage starting `pad` bytes in."""
+
+    offset: int
+    length: int
+    pad: int
+
+
+class _ArenaAllocator:
+    """Best-fit allocation of 4096-aligned extents in a file that only grows."""
+
+    def __init__(self, capacity: int | None) -> None:
+        self.capacity = capacity
+        self.end = 0  # file size
+        self.in_use = 0
+        self._free: list[tuple[int, int]] = []  # (offset, length), sorted, coalesced
+
+    def alloc(self, length: int) -> tuple[int, int]:
+        """Return (offset, bytes the file must grow by first)."""
+        if self.capacity is not None and self.in_use + length > self.capacity:
+            raise TierError(
+                f"slow tier capacity exceeded: {self.in_use} bytes in use + {length} "
+                f"requested > slow_capacity_bytes={self.capacity}")
+        best = None
+        for i, (off, ln) in enumerate(self._free):
+            if ln >= length and (best is None or ln < self._free[best][1]):
+                best = i
+                if ln == length:
+                    break
+        if best is not None:
+            off, ln = self._free[best]
+            if ln == length:
+                del self._free[best]
+            else:
+                self._free[best] = (off + length, ln - length)
+            self.in_use += length
+            return off, 0
+        # Grow: reuse a free extent that ends at the end of the file, if any.
+        start = self.end
+        if self._free and sum(self._free[-1]) == self.end:
+            start = self._free[-1][0]
+        grow = start + length - self.end
+        if self.capacity is not None and start + length > self.capacity:
+            raise TierError(
+                f"slow tier capacity exceeded: no free extent of {length} bytes within "
+                f"slow_capacity_bytes={self.capacity} ({self.in_use} bytes in use, arena "
+                "fragmented)")
+        return start, grow
+
+    def commit_growth(self, start: int, length: int) -> None:
+        """The file now reaches start + length: take the extent."""
+        if self._free and self._free[-1][0] == start:
+            self._free.pop()
+        self.end = max(self.end, start + length)
+        self.in_use += length
+
+    def free(self, offset: int, length: int) -> None:
+        self.in_use -= length
+        i = bisect.bisect_left(self._free, (offset, 0))
+        # Coalesce with the next and the previous free extent.
+        if i < len(self._free) and offset + length == self._free[i][0]:
+            length += self._free[i][1]
+            del self._free[i]
+        if i > 0 and sum(self._free[i - 1]) == offset:
+            offset, length = self._free[i - 1][0], self._free[i - 1][1] + length
+            del self._free[i - 1]
+            i -= 1
+        self._free.insert(i, (offset, length))
+
+
+class _BufferCache:
+    """Page-aligned anonymous mappings to read into, recycled when their tensor dies."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.cached_bytes = 0
+        self._by_size: dict[int, list[mmap.mmap]] = {}
+        self._lock = threading.RLock()  # a tensor may die (and give back) anywhere
+        self._closed = False
+
+    def take(self, size: int) -> mmap.mmap:
+        with self._lock:
+            stack = self._by_size.get(size)
+            if stack:
+                self.cached_bytes -= size
+                return stack.pop()
+        buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if size >= HUGE_PAGE_MIN and hasattr(mmap, "MADV_HUGEPAGE"):
+            try:
+                buf.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:
+                pass
+        return buf
+
+    def give(self, buf: mmap.mmap) -> None:
+        size = len(buf)
+        with self._lock:
+            if not self._closed and self.cached_bytes + size <= self.max_bytes:
+                self._by_size.setdefault(size, []).append(buf)
+                self.cached_bytes += size
+                return
+        try:
+            buf.close()
+        except BufferError:  # still exported somewhere: unmapped when that goes
+            pass
+
+    def clear(self) -> None:
+        with self._lock:
+            bufs = [b for stack in self._by_size.values() for b in stack]
+            self._by_size.clear()
+            self.cached_bytes = 0
+        for b in bufs:
+            try:
+                b.close()
+            except BufferError:
+                pass
+
+    def close(self) -> None:
+        self._closed = True
+        self.clear()
+
+
+def _open_arena(directory: str, direct_io: bool | None) -> tuple[int, bool]:
+    """Create the arena file, unlink it, return (fd, whether O_DIRECT is on)."""
+    path = os.path.join(directory, "arena")
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    use_direct = direct_io is not False and hasattr(os, "O_DIRECT")
+    try:
+        if use_direct:
+            try:
+                fd = os.open(path, flags | os.O_DIRECT, 0o600)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                if direct_io:
+                    raise TierError(f"the file system of {directory!r} refuses direct I/O "
+                                    "(O_DIRECT)") from e
+                warnings.warn(
+                    f"autotm cpu+file: the file system of {directory!r} refuses direct I/O "
+                    "(O_DIRECT); falling back to buffered I/O with fdatasync and "
+                    "POSIX_FADV_DONTNEED, which is slower. Put the slow directory on local "
+                    "storage (AUTOTM_SLOW_DIR) for direct I/O.", RuntimeWarning, stacklevel=4)
+                use_direct = False
+                fd = os.open(path, flags, 0o600)
+        else:
+            fd = os.open(path, flags, 0o600)
+        os.unlink(path)
+    except OSError as e:
+        raise TierError(f"cannot create a file in slow directory {directory!r} "
+                        f"({e.strerror})") from e
+    return fd, use_direct
+
+
+def _page_span(ptr: int, nbytes: int) -> tuple[ctypes.Array, int]:
+    """The whole pages holding bytes [ptr, ptr + nbytes), as a buffer, and ptr's offset
+    into the first one."""
+    pad = ptr % PAGE
+    length = round_up(pad + nbytes)
+    return (ctypes.c_char * length).from_address(ptr - pad), pad
+
+
+class FileMemorySystem(MemorySystem):
+    """DRAM + an arena file on local storage moved with direct I/O (``cpu+file``).
+
+    Args:
+        slow_dir: directory to put the arena in (a private subdirectory is made inside);
+            default: $AUTOTM_SLOW_DIR, else the system temp dir.
+        slow_capacity_bytes: a hard limit on slow bytes in use; None: until the disk is
+            full.
+        direct_io: None: O_DIRECT where the file system allows it, else buffered I/O with
+            a warning; True: O_DIRECT or TierError; False: buffered I/O (tests).
+        fast_cache_bytes: at most this much DRAM is kept in recycled read buffers.
+    """
+
+    name = "cpu+file"
+    access = "staged"
+
+    def __init__(self, slow_dir: str | None = None, slow_capacity_bytes: int | None = None,
+                 *, direct_io: bool | None = None, fast_cache_bytes: int = 1 << 30) -> None:
+        super().__init__()
+        self.fast_device = torch.device("cpu")
+        self.directory = make_private_dir(slow_dir, "autotm-file-", self._resources)
+        try:
+            self._fd, self._direct = _open_arena(self.directory, direct_io)
+        except BaseException:
+            self.close()  # removes the directory now, not when the traceback goes
+            raise
+        fd = self._fd
+        self._resources.add(lambda: os.close(fd))
+        self._alloc = _ArenaAllocator(slow_capacity_bytes)
+        self._lock = threading.Lock()
+        self._live: dict[int, Extent] = {}  # id(extent) -> extent
+        self._cache = _BufferCache(fast_cache_bytes)
+        self._resources.add(self._cache.close)
+        self._can_fallocate = True
+
+    # ---- inspection
+
+    @property
+    def direct_io(self) -> bool:
+        """Whether the arena is read and written with O_DIRECT."""
+        return self._direct
+
+    def fileno(self) -> int:
+        """The arena's file descriptor (the file itself is already unlinked)."""
+        self._check_open()
+        return self._fd
+
+    def arena_bytes(self) -> int:
+        """Size of the arena file (its high-water mark; freed extents are reused)."""
+        return self._alloc.end
+
+    def cached_fast_bytes(self) -> int:
+        """DRAM held in recycled read buffers that no tensor uses now."""
+        return self._cache.cached_bytes
+
+    def release_cached(self) -> None:
+        """Unmap the recycled read buffers."""
+        self._cache.clear()
+
+    def slow_bytes_in_use(self) -> int:
+        return self._alloc.in_use
+
+    # ---- moves
+
+    def to_slow(self, key: int, t: torch.Tensor) -> SlowHandle:
+        self._check_open()
+        if t.device.type != "cpu":
+            raise TierError(f"cpu+file moves CPU tensors, not {t.device} tensors")
+        layout = TensorLayout.of(t)
+        n = layout.storage_nbytes
+        if n == 0:
+            ext = Extent(0, 0, 0)
+            with self._lock:
+                self._live[id(ext)] = ext
+            return SlowHandle.for_layout(key, 0, layout, ext)
+        span, pad = _page_span(t.untyped_storage().data_ptr(), n)
+        ext = self._allocate(len(span), pad)
+        try:
+            self._write(memoryview(span), ext.offset)
+        except BaseException:
+            self._release(ext)
+            raise
+        return SlowHandle.for_layout(key, ext.length, layout, ext)
+
+    def to_fast(self, h: SlowHandle) -> torch.Tensor:
+        self._check_open()
+        ext = self._extent_of(h)
+        n = h.storage_nbytes
+        if n == 0:
+            return tensor_on_bytes(torch.empty(0, dtype=torch.uint8), h.layout)
+        buf = self._cache.take(round_up(n) + PAGE)  # room for any pad
+        try:
+            self._read(memoryview(buf)[:ext.length], ext.offset)
+            if n < SMALL_READ_BYTES:
+                u8 = torch.empty(n, dtype=torch.uint8)
+                u8.copy_(torch.frombuffer(buf, dtype=torch.uint8, offset=ext.pad, count=n))
+                self._cache.give(buf)
+            else:
+                view = memoryview(buf)
+                u8 = torch.frombuffer(view, dtype=torch.uint8, offset=ext.pad, count=n)
+                # When the tensor's storage dies it drops `view`: recycle the buffer.
+                weakref.finalize(view, self._cache.give, buf).atexit = False
+                del view
+        except BaseException:
+            self._cache.give(buf)
+            raise
+        return tensor_on_bytes(u8, h.layout)
+
+    def free_slow(self, h: SlowHandle) -> None:
+        self._check_not_in_flight(h)
+        ext = self._extent_of(h)
+        self._release(ext)
+
+    # ---- allocation
+
+    def _allocate(self, length: int, pad: int) -> Extent:
+        with self._lock:
+            offset, grow = self._alloc.alloc(length)
+            if grow:
+                self._grow(self._alloc.end, grow)
+                self._alloc.commit_growth(offset, length)
+            ext = Extent(offset, length, pad)
+            self._live[id(ext)] = ext
+        return ext
+
+    def _grow(self, start: int, nbytes: int) -> None:
+        if not self._can_fallocate:
+            return
+        try:
+            os.posix_fallocate(self._fd, start, nbytes)
+        except OSError as e:
+            if e.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                self._can_fallocate = False  # the writes will extend the file
+                return
+            raise self._error(e, f"growing the slow file by {nbytes} bytes") from e
+
+    def _release(self, ext: Extent) -> None:
+        with self._lock:
+            if self._live.pop(id(ext), None) is None:
+                raise TierError("slow handle was already freed")
+            if ext.length:
+                self._alloc.free(ext.offset, ext.length)
+
+    def _extent_of(self, h: SlowHandle) -> Extent:
+        ext = h.location
+        if not isinstance(ext, Extent) or self._live.get(id(ext)) is not ext:
+            raise TierError(f"slow handle for tensor {h.key} is not live in this cpu+file "
+                            "memory system (freed, or from another system)")
+        return ext
+
+    # ---- I/O
+
+    def _write(self, data: memoryview, offset: int) -> None:
+        fd, done, n = self._fd, 0, len(data)
+        try:
+            while done < n:
+                k = os.pwrite(fd, data[done:done + IO_CHUNK], offset + done)
+                if k <= 0:
+                    raise OSError(errno.EIO, "short write")
+                done += k
+            if not self._direct:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, offset, n, os.POSIX_FADV_DONTNEED)
+        except OSError as e:
+            raise self._error(e, f"writing {n} bytes") from e
+
+    def _read(self, data: memoryview, offset: int) -> None:
+        fd, done, n = self._fd, 0, len(data)
+        try:
+            while done < n:
+                k = os.preadv(fd, [data[done:done + IO_CHUNK]], offset + done)
+                if k <= 0:
+                    raise OSError(errno.EIO, "slow file is shorter than expected (truncated?)")
+                done += k
+            if not self._direct:
+                os.posix_fadvise(fd, offset, n, os.POSIX_FADV_DONTNEED)
+        except OSError as e:
+            raise self._error(e, f"reading {n} bytes") from e
+
+    def _error(self, e: OSError, doing: str) -> TierError:
+        if e.errno == errno.ENOSPC:
+            try:
+                st = os.statvfs(self.directory)
+                free = f"{st.f_bavail * st.f_frsize} bytes free"
+            except OSError:
+                free = "free space unknown"
+            return TierError(f"slow directory {self.directory!r} is full (no space left on "
+                             f"device) while {doing}; {free}, {self._alloc.in_use} bytes "
+                             "in use by autotm. Free space or use a larger slow_dir.")
+        if e.errno == errno.EBADF:
+            return TierError(f"the slow file of {self.directory!r} was closed underneath "
+                             f"autotm while {doing}")
+        return TierError(f"I/O error on the slow file in {self.directory!r} while {doing}: "
+                         f"{e.strerror or e}")

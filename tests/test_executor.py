@@ -1,0 +1,74 @@
+"""The executor on the real cpu+file tier: hand-written plans on every zoo model, bit for bit."""
+
+import pytest
+
+from autotm.capture import capture
+from autotm.executor import BudgetExceeded, ExecutorSession
+from autotm.plan import all_fast_plan, evict_all_activations_plan
+from autotm.tiers import make_memory_system
+from autotm.validate import validate
+from autotm.verify import eager_reference, verify_replay
+from autotm.zoo import MODELS, workload
+
+PLANS = {
+    "all-fast": lambda g: all_fast_plan(g),
+    "evict-sync": lambda g: evict_all_activations_plan(g, "sync"),
+    "evict-async": lambda g: evict_all_activations_plan(g, "async"),
+}
+
+
+@pytest.fixture(scope="module")
+def memory():
+    with make_memory_system("cpu+file") as ms:
+        yield ms
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_hand_written_plans_train_bit_identically_on_cpu_file(model, memory):
+    w = workload(model, "test")
+    ref = eager_reference(w, 3)
+    m = w.build_model()
+    graph = capture(m, w.loss_fn(), w.make_optimizer(m.parameters()), w.make_batch(), name=w.name)
+    del m
+    all_fast_peak = None
+    for name, make in PLANS.items():
+        plan = make(graph)
+        expected = validate(plan, graph)
+        sessions = []
+
+        def session(g, mdl, opt):
+            s = ExecutorSession(g, plan, memory, mdl, opt, budget_bytes=expected.peak_fast_bytes)
+            sessions.append(s)
+            return s
+
+        v = verify_replay(w, 3, session_factory=session, graph=graph, reference=ref)
+        assert v.identical, (name, v.mismatches)
+        rep = sessions[0].report()
+        # the runtime's own account never passed the plan's predicted peak (used as the budget)
+        assert rep.peak_fast_bytes <= expected.peak_fast_bytes
+        assert rep.bytes_to_slow == expected.bytes_to_slow
+        assert rep.bytes_to_fast == expected.bytes_to_fast
+        if name == "all-fast":
+            all_fast_peak = rep.peak_fast_bytes
+            assert rep.bytes_to_slow == 0
+        else:
+            assert rep.bytes_to_slow > 0 and rep.peak_fast_bytes <= all_fast_peak
+    assert memory.slow_bytes_in_use() == 0
+
+
+def test_budget_is_enforced_by_the_runtime(memory):
+    w = workload("resnet50", "test")
+    m = w.build_model()
+    opt = w.make_optimizer(m.parameters())
+    graph = capture(m, w.loss_fn(), opt, w.make_batch(), name=w.name)
+    plan = all_fast_plan(graph)
+    # the validator refuses a plan over budget before anything runs
+    with pytest.raises(Exception, match="budget"):
+        ExecutorSession(graph, plan, memory, m, opt, budget_bytes=graph.peak_live_bytes // 2)
+    # and the runtime's own account stops a run that would pass the budget
+    s = ExecutorSession(graph, plan, memory, m, opt)
+    s.executor.budget = graph.peak_live_bytes // 2
+    with pytest.raises(BudgetExceeded, match="over the budget"):
+        s.step(w.make_batch())
+    s.close()
+    assert memory.slow_bytes_in_use() == 0

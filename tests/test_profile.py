@@ -1,0 +1,385 @@
+"""profile(): in-situ kernel timing on cpu+file, the SQLite cache (resume after a kill,
+corrupt files, versions, recache), signatures, move fits, and sim:<spec> rooflines."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from autotm.capture import capture
+from autotm.costmodel import CostModel, MoveCost
+from autotm.plan import all_fast_plan
+from autotm.profile import (
+    MIN_BATCH_S,
+    ProfileStats,
+    _fit_move,
+    cost_model_from_spec,
+    environment,
+    load_spec,
+    profile,
+    spec_names,
+    time_call,
+)
+from autotm.profile_cache import SCHEMA_VERSION, CacheWarning, ProfileCache, environment_key
+from autotm.replay import TrainingState
+from autotm.simulate import simulate
+from autotm.tiers import make_memory_system
+
+SMALL_MOVES = dict(move_sizes=(64 * 1024, 1024 * 1024), move_repeats=2)
+
+
+class Tiny(nn.Module):
+    """Two convolutions that differ only in padding, two matmuls that differ only in the
+    stride of their weight (w2 is used transposed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 4, 3, padding=1)
+        self.c2 = nn.Conv2d(3, 4, 3, padding=2)
+        self.w1 = nn.Parameter(torch.randn(16, 8) * 0.1)
+        self.w2 = nn.Parameter(torch.randn(8, 16) * 0.1)
+
+    def forward(self, x):
+        h = torch.relu(self.c1(x)).mean((2, 3)) + torch.relu(self.c2(x)).mean((2, 3))
+        z = h.repeat(1, 4)
+        return z @ self.w1 + z @ self.w2.t()
+
+
+TINY_SOURCE = textwrap.dedent('''
+    import torch
+    from torch import nn
+    from autotm.capture import capture
+    from autotm.replay import TrainingState
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1 = nn.Conv2d(3, 4, 3, padding=1)
+            self.c2 = nn.Conv2d(3, 4, 3, padding=2)
+            self.w1 = nn.Parameter(torch.randn(16, 8) * 0.1)
+            self.w2 = nn.Parameter(torch.randn(8, 16) * 0.1)
+
+        def forward(self, x):
+            h = torch.relu(self.c1(x)).mean((2, 3)) + torch.relu(self.c2(x)).mean((2, 3))
+            z = h.repeat(1, 4)
+            return z @ self.w1 + z @ self.w2.t()
+
+    def tiny_graph():
+        torch.manual_seed(0)
+        m = Tiny()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        batch = (torch.randn(2, 3, 8, 8), torch.tensor([1, 3]))
+        g = capture(m, nn.CrossEntropyLoss(), opt, batch, name="tiny")
+        return g, TrainingState(g, m, opt).inputs(batch)
+''')
+
+
+def tiny_graph():
+    ns: dict = {}
+    exec(TINY_SOURCE, ns)
+    return ns["tiny_graph"]()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_graph()
+
+
+@pytest.fixture(scope="module")
+def memory():
+    with make_memory_system("cpu+file") as ms:
+        yield ms
+
+
+def unique_keys(g) -> int:
+    return len({k.signature for k in g.kernels})
+
+
+# ---- the timing rule ----------------------------------------------------------------------
+
+def test_time_call_batches_short_calls_and_takes_the_median():
+    calls = []
+    seconds, samples = time_call(lambda: calls.append(1))
+    assert 3 <= samples and seconds < MIN_BATCH_S
+    assert len(calls) > samples * 10  # short calls were repeated in batches
+    a = torch.randn(256, 256)
+    seconds, samples = time_call(lambda: a @ a)
+    assert 0 < seconds < 1
+
+
+def test_move_fit_recovers_latency_and_bandwidth():
+    pts = [(n, 1e-4 + n / 2e9) for n in (65536, 262144, 1 << 20, 1 << 22, 1 << 24) for _ in range(3)]
+    fit = _fit_move(pts)
+    assert fit.latency_s == pytest.approx(1e-4, rel=1e-6)
+    assert fit.bandwidth_bytes_per_s == pytest.approx(2e9, rel=1e-6)
+    # negative intercept in the data: clamped to zero latency, never negative
+    fit = _fit_move([(n, max(n / 1e9 - 1e-5, 1e-7)) for n in (1 << 20, 1 << 22, 1 << 24)])
+    assert fit.latency_s == 0.0 and fit.bandwidth_bytes_per_s > 0
+
+
+# ---- a real model on cpu+file -------------------------------------------------------------
+
+def test_profile_times_every_kernel_then_hits_the_cache(tiny, memory, tmp_path):
+    g, inputs = tiny
+    path = tmp_path / "c.sqlite"
+    cm, st = profile(g, memory, path, inputs=inputs, return_stats=True, **SMALL_MOVES)
+    assert isinstance(cm, CostModel) and not cm.simulated
+    assert cm.memory_system == "cpu+file" and cm.access == "staged" and cm.placement_seconds == {}
+    assert cm.graph_fingerprint == g.fingerprint
+    assert len(cm.kernel_seconds) == len(g.kernels) and all(s > 0 for s in cm.kernel_seconds)
+    assert st.measured == unique_keys(g) == st.unique_kernels and st.cache_hits == 0
+    assert st.total_kernels == len(g.kernels) > st.unique_kernels
+    assert st.move_samples_measured == 4 * 4
+    for key in (("to_slow", "sync"), ("to_fast", "sync"), ("to_slow", "async"), ("to_fast", "async")):
+        mc = cm.moves[key]
+        assert mc.latency_s >= 0 and mc.bandwidth_bytes_per_s > 0
+    # same signature, same time
+    by_sig = {}
+    for k, s in zip(g.kernels, cm.kernel_seconds):
+        assert by_sig.setdefault(k.signature, s) == s
+    # the simulated all-fast plan is the sum of the kernel times
+    assert simulate(all_fast_plan(g), g, cm).predicted_seconds == pytest.approx(sum(cm.kernel_seconds))
+
+    cm2, st2 = profile(g, memory, path, inputs=inputs, return_stats=True, **SMALL_MOVES)
+    assert st2.nothing_new and "nothing new" in st2.message()
+    assert st2.measured == 0 and st2.cache_hits == unique_keys(g) and st2.move_samples_cached == 16
+    assert cm2 == cm
+
+    cm3, st3 = profile(g, memory, path, inputs=inputs, return_stats=True, recache=True, **SMALL_MOVES)
+    assert st3.measured == unique_keys(g) and st3.move_samples_measured == 16
+    assert CostModel.from_json(cm3.to_json()) == cm3
+
+
+def test_profile_without_inputs_uses_synthetic_values(tiny, memory, tmp_path):
+    g, _ = tiny
+    cm = profile(g, memory, tmp_path / "c.sqlite", **SMALL_MOVES)
+    assert all(s > 0 for s in cm.kernel_seconds)
+
+
+def test_signatures_differing_only_in_stride_or_padding_are_separate_entries(tiny, memory, tmp_path):
+    g, inputs = tiny
+    convs = [k.signature for k in g.kernels if k.op == "aten.convolution.default"]
+    assert len(convs) == 2 and convs[0] != convs[1]
+    assert convs[0].replace("[1, 1]", "[P]", 1) != convs[0]  # padding appears in the signature
+    mms = sorted({k.signature for k in g.kernels if k.op == "aten.mm.default"
+                  and "float32[2, 16]/[16, 1], float32[16, 8]" in k.signature})
+    assert len(mms) == 2 and mms[0].split("/")[:2] == mms[1].split("/")[:2]  # same shapes, other strides
+    path = tmp_path / "c.sqlite"
+    profile(g, memory, path, inputs=inputs, **SMALL_MOVES)
+    with ProfileCache(path) as db:
+        env = db.environment(environment("cpu+file"))
+        rows = db.kernel_times(env)
+    for sig in convs + mms:
+        assert (sig, "fast") in rows
+
+
+# ---- the cache: kill and resume, corruption, versions -------------------------------------
+
+CHILD = TINY_SOURCE + textwrap.dedent('''
+    import sys, time
+    from autotm.profile import profile, environment
+    from autotm.profile_cache import environment_key
+    g, inputs = tiny_graph()
+    print("env", environment_key(environment("cpu+file")), flush=True)
+
+    def progress(done, total, what):
+        if not what.startswith("move"):
+            print("kernel", done, total, flush=True)
+            time.sleep(0.3)
+
+    profile(g, "cpu+file", sys.argv[1], inputs=inputs, progress=progress,
+            move_sizes=(65536, 1048576), move_repeats=2)
+    print("finished", flush=True)
+''')
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_a_killed_profiler_resumes_without_losing_measurements(tiny, tmp_path, sig):
+    g, inputs = tiny
+    path = tmp_path / "c.sqlite"
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    proc = subprocess.Popen([sys.executable, str(script), str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    seen, env_key = 0, None
+    try:
+        for line in proc.stdout:
+            if line.startswith("env"):
+                env_key = line.split()[1]
+            if line.startswith("kernel"):
+                seen += 1
+                if seen == 3:
+                    proc.send_signal(sig)
+                    break
+            assert not line.startswith("finished")
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert env_key == environment_key(environment("cpu+file"))
+    with ProfileCache(path) as db:
+        done = db.kernel_times(env_key)
+    assert len(done) >= 3
+    cm, st = profile(g, "cpu+file", path, inputs=inputs, return_stats=True, **SMALL_MOVES)
+    assert st.cache_hits == len(done) and st.measured == unique_keys(g) - len(done)
+    assert st.move_samples_measured == 0  # moves were finished before the kernels
+    assert all(s > 0 for s in cm.kernel_seconds)
+
+
+def test_corrupt_cache_file_warns_and_is_rebuilt(tiny, memory, tmp_path):
+    g, inputs = tiny
+    path = tmp_path / "c.sqlite"
+    path.write_bytes(b"this is not a database\x00" * 400)
+    with pytest.warns(CacheWarning, match="unusable"):
+        cm, st = profile(g, memory, path, inputs=inputs, return_stats=True, **SMALL_MOVES)
+    assert st.cache_rebuilt and st.measured == unique_keys(g)
+    assert list(tmp_path.glob("c.sqlite.broken-*"))  # the bad file is kept aside
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the rebuilt file is fine
+        _, st2 = profile(g, memory, path, inputs=inputs, return_stats=True, **SMALL_MOVES)
+    assert st2.nothing_new
+
+
+def test_truncated_cache_file_warns_and_is_rebuilt(tmp_path):
+    path = tmp_path / "c.sqlite"
+    with ProfileCache(path) as db:
+        env = db.environment({"x": 1})
+        for i in range(200):
+            db.put_kernel(env, f"sig{i}" * 20, "fast", 1e-3, 3)
+    data = path.read_bytes()
+    for suffix in ("-wal", "-shm"):
+        (tmp_path / f"c.sqlite{suffix}").unlink(missing_ok=True)
+    path.write_bytes(data[: len(data) // 2] + b"\xff" * 512)
+    with pytest.warns(CacheWarning):
+        db = ProfileCache(path)
+    env = db.environment({"x": 1})
+    assert db.kernel_times(env) == {}
+    db.put_kernel(env, "s", "fast", 2.0, 3)
+    assert db.kernel_times(env) == {("s", "fast"): 2.0}
+    db.close()
+
+
+def test_foreign_version_and_foreign_database_are_rebuilt(tmp_path):
+    path = tmp_path / "c.sqlite"
+    with ProfileCache(path) as db:
+        env = db.environment({"x": 1})
+        db.put_kernel(env, "s", "fast", 1.0, 3)
+        db._db.execute("UPDATE meta SET value='999' WHERE name='schema_version'")
+    with pytest.warns(CacheWarning, match="schema version 999"):
+        db = ProfileCache(path)
+    assert db.kernel_times(env) == {}  # never stale data from another version
+    db.close()
+    other = tmp_path / "other.sqlite"
+    con = sqlite3.connect(other)
+    con.execute("CREATE TABLE foo (a)")
+    con.commit()
+    con.close()
+    with pytest.warns(CacheWarning, match="not an autotm profile cache"):
+        ProfileCache(other).close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with ProfileCache(path) as db:
+            assert db._db.execute("SELECT value FROM meta WHERE name='schema_version'").fetchone()[0] == str(
+                SCHEMA_VERSION)
+
+
+def test_default_cache_path_is_overridable(monkeypatch, tmp_path):
+    from autotm.profile_cache import default_cache_path
+
+    monkeypatch.setenv("AUTOTM_CACHE_DIR", str(tmp_path))
+    assert default_cache_path() == tmp_path / "profile.sqlite"
+
+
+# ---- direct access: every placement ---------------------------------------------------------
+
+def test_direct_access_profiles_every_placement(tiny, tmp_path):
+    g, inputs = tiny
+    with make_memory_system("cpu+mmap") as ms:
+        cm = profile(g, ms, tmp_path / "c.sqlite", inputs=inputs, **SMALL_MOVES)
+    assert cm.access == "direct"
+    for k, kern in enumerate(g.kernels):
+        n = len(dict.fromkeys(kern.inputs + kern.outputs))
+        table = cm.placement_seconds[k]
+        if n <= 4:
+            assert len(table) == 2 ** n - 1
+        assert all(len(p) == n and "slow" in p and s > 0 for p, s in table.items())
+        assert cm.kernel_time(k, ("slow",) * n) > 0
+        assert cm.kernel_time(k, ("fast",) * n) == cm.kernel_seconds[k]
+
+
+# ---- sim:<spec> rooflines on a fake-captured graph -------------------------------------------
+
+@pytest.fixture(scope="module")
+def fake_vgg():
+    from autotm.workloads import capture_workload
+    from autotm.zoo import workload
+
+    return capture_workload(workload("vgg19", "test"), fake=True)
+
+
+def test_shipped_specs_load():
+    assert {"optane", "cxl", "nvme", "pcie-host"} <= set(spec_names())
+    opt = load_spec("sim:optane")
+    assert opt.access == "direct"
+    assert opt.moves[("to_fast", "sync")] == MoveCost(0.0, 29e9)
+    assert opt.moves[("to_slow", "sync")] == MoveCost(0.0, 12e9)
+    assert opt.moves[("to_fast", "async")] == MoveCost(0.0, 2e9)
+    assert opt.moves[("to_slow", "async")] == MoveCost(0.0, 2.5e9)
+    assert load_spec("nvme").access == "staged" and load_spec("pcie-host").access == "staged"
+    assert load_spec("cxl").access == "direct"
+    with pytest.raises(ValueError, match="unknown tier spec"):
+        load_spec("sim:nope")
+
+
+def test_roofline_numbers_on_a_fake_captured_graph(fake_vgg):
+    g = fake_vgg
+    assert g.fake
+    peak = 1e11
+    cm = cost_model_from_spec(g, "optane", peak_flops=peak)
+    assert cm.simulated and cm.access == "direct" and cm.memory_system == "sim:optane"
+    assert cm.move_seconds(12_000_000, "to_slow", "sync") == pytest.approx(1e-3)
+    # the first convolution: x [16,3,32,32], w [64,3,3,3], b [64] -> y [16,64,32,32]; compute-bound
+    conv = next(k for k in g.kernels if k.op == "aten.convolution.default")
+    x, w, b = 16 * 3 * 32 * 32 * 4, 64 * 27 * 4, 64 * 4
+    y = 16 * 64 * 32 * 32 * 4
+    assert conv.flops == 2 * 16 * 64 * 32 * 32 * 27
+    assert cm.kernel_seconds[conv.index] == pytest.approx(conv.flops / peak + 80e-9)
+    # a ReLU: memory-bound, read + write at DRAM bandwidth; with its input in PMM: read at 30 GB/s
+    relu = next(k for k in g.kernels if k.op == "aten.relu.default")
+    nb = g.tensors[relu.outputs[0]].nbytes
+    assert nb == y
+    assert cm.kernel_seconds[relu.index] == pytest.approx(nb / 100e9 + nb / 100e9 + 80e-9)
+    assert cm.kernel_time(relu.index, ("slow", "fast")) == pytest.approx(nb / 30e9 + nb / 100e9 + 380e-9)
+    assert cm.kernel_time(relu.index, ("fast", "slow")) == pytest.approx(nb / 100e9 + nb / 10e9 + 380e-9)
+    assert cm.kernel_time(relu.index, ("slow", "slow")) == pytest.approx(nb / 30e9 + nb / 10e9 + 300e-9)
+    # a compute-bound kernel barely notices where its operands are
+    assert cm.kernel_time(conv.index, ("slow", "fast", "fast", "fast")) == pytest.approx(
+        max(conv.flops / peak, x / 30e9 + (w + b) / 100e9 + y / 100e9) + 380e-9)
+    # staged spec: no placements
+    nv = cost_model_from_spec(g, "nvme", peak_flops=peak)
+    assert nv.access == "staged" and nv.placement_seconds == {} and nv.simulated
+    sim = simulate(all_fast_plan(g, "sim:nvme"), g, nv)
+    assert sim.simulated and sim.predicted_seconds == pytest.approx(sum(nv.kernel_seconds))
+
+
+def test_profile_sim_measures_this_machines_peak_once(fake_vgg, tmp_path):
+    path = tmp_path / "c.sqlite"
+    cm, st = profile(fake_vgg, "sim:optane", path, return_stats=True)
+    peak = cm.environment["peak_flops"]
+    assert cm.simulated and peak > 1e8
+    cm2 = profile(fake_vgg, "sim:optane", path)
+    assert cm2.environment["peak_flops"] == peak  # from the cache
+    with pytest.raises(ValueError, match="fake"):
+        profile(fake_vgg, "cpu+file", path)
