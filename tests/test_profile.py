@@ -117,6 +117,17 @@ def test_time_call_batches_short_calls_and_takes_the_median():
     assert 0 < seconds < 1
 
 
+def test_in_situ_rule():
+    from autotm.profile import LONG_KERNEL_S, MAX_ITERATIONS, insitu_done
+
+    assert not insitu_done([], 0, 0)
+    assert not insitu_done([1e-3, 1e-3], 0, 0)  # too few samples
+    assert insitu_done([1e-3, 1e-3, 1e-3], 0, 0)  # three equal samples from one iteration: stable
+    assert not insitu_done([1e-3, 1e-3, 2e-3, 2e-3], 2, 1)  # the last iteration moved the median
+    assert insitu_done([LONG_KERNEL_S], 0, 0)  # one sample of a long kernel is enough
+    assert insitu_done([1e-3], 0, MAX_ITERATIONS - 1)  # out of iterations: what there is
+
+
 def test_move_fit_recovers_latency_and_bandwidth():
     pts = [(n, 1e-4 + n / 2e9) for n in (65536, 262144, 1 << 20, 1 << 22, 1 << 24) for _ in range(3)]
     fit = _fit_move(pts)

@@ -85,40 +85,166 @@ def graph(
     console.print(t)
 
 
-@app.command()
-def demo() -> None:
-    """The main job on the embedded default: capture the test model, replay it, verify bit for bit."""
-    from .verify import verify_replay
-    from .zoo import workload
+MEMORY_OPT = typer.Option("cpu+file", "--memory", "-m", help="cpu+file (default), cpu+mmap, cpu+numa, or sim:SPEC (optane, cxl, nvme, pcie-host).")
+BUDGET_OPT = typer.Option(None, "--budget", "-B", help="Fast-memory budget: bytes (6GB, 512MiB) or slow:fast ratio (4:1).")
+FORMULATION_OPT = typer.Option("asynchronous", "--formulation", "-f", help="synchronous, asynchronous (ILP) or a baseline: all-fast, first-touch, lru.")
+CACHE_OPT = typer.Option(None, "--cache", help="Profile cache file (SQLite); default in the user's cache directory.")
 
-    w = workload("vgg19", "test")
-    console.print(f"[bold]autotm demo[/bold]: {w.name} (the artifact's test_vgg), SGD with momentum, 3 iterations")
-    with console.status("capturing and replaying ...", spinner="dots"):
-        r = verify_replay(w, iterations=3)
-    g = r.graph
-    t = Table(title="captured training iteration")
-    t.add_column("kernels", justify="right")
-    t.add_column("unique", justify="right")
-    t.add_column("tensors", justify="right")
-    t.add_column("parameters", justify="right")
-    t.add_column("peak live", justify="right")
-    t.add_column("capture s", justify="right")
-    t.add_row(f"{len(g.kernels):,}", f"{g.unique_signatures:,}", f"{len(g.tensors):,}", f"{g.parameters:,}",
-              human_bytes(g.peak_live_bytes), f"{g.capture_seconds:.2f}")
+
+@app.command()
+def profile(
+    models: list[str] = typer.Argument(..., help="One or more models."),
+    preset: Optional[str] = PRESET_OPT,
+    batch: Optional[int] = BATCH_OPT,
+    image: Optional[int] = IMAGE_OPT,
+    memory: str = MEMORY_OPT,
+    cache: Optional[str] = CACHE_OPT,
+    recache: bool = typer.Option(False, "--recache", help="Measure everything again."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Time every unique kernel and the moves of a memory system, into the profile cache."""
+    from .profile import profile_command
+
+    profile_command(models, preset, batch, image, memory, cache, recache, as_json)
+
+
+def _plan_options(window, time_limit, mip_gap, pin_params):
+    return dict(window=window, time_limit=time_limit, mip_gap=mip_gap, pin_params=pin_params)
+
+
+WINDOW_OPT = typer.Option(15, "--window", help="Async moves may overlap kernels this many positions away.")
+TIME_OPT = typer.Option(60.0, "--time-limit", help="Solver time limit in seconds.")
+GAP_OPT = typer.Option(0.01, "--mip-gap", help="Relative optimality gap at which the solver stops.")
+PIN_OPT = typer.Option(False, "--pin-params", help="Keep weights, optimizer state and I/O fast, outside the budget (the paper's accounting).")
+
+
+def _prepare(model, preset, batch, image, memory, cache):
+    from .profile import profile_workload
+
+    w = _workload(model, preset, batch, image)
+    with console.status(f"capturing and profiling {w.name} on {memory} ...", spinner="dots"):
+        graph, cm, _ = profile_workload(w, memory, cache)
+    return w, graph, cm
+
+
+def _plan_summary(p) -> dict:
+    m = p.meta
+    return {
+        "status": m.get("status"), "formulation": m.get("formulation"), "predicted_seconds": m["predicted_seconds"],
+        "solve_seconds": m.get("solve_seconds", 0.0), "gap": m.get("gap", 0.0), "bytes_to_slow": m["bytes_to_slow"],
+        "bytes_to_fast": m["bytes_to_fast"], "moves": m["moves"], "budget_bytes": m.get("budget_bytes"),
+        "peak_fast_bytes": m["peak_fast_bytes"], "simulated": m["simulated"], "memory_system": p.memory_system,
+        "graph": p.graph_name, "pin_params": m.get("pin_params", False),
+    }
+
+
+@app.command()
+def plan(
+    model: str = MODEL_ARG,
+    preset: Optional[str] = PRESET_OPT,
+    batch: Optional[int] = BATCH_OPT,
+    image: Optional[int] = IMAGE_OPT,
+    memory: str = MEMORY_OPT,
+    budget: Optional[str] = BUDGET_OPT,
+    formulation: str = FORMULATION_OPT,
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="Write the plan (JSON) here."),
+    cache: Optional[str] = CACHE_OPT,
+    window: int = WINDOW_OPT,
+    time_limit: float = TIME_OPT,
+    mip_gap: float = GAP_OPT,
+    pin_params: bool = PIN_OPT,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Profile, then plan one training iteration for a fast-memory budget."""
+    from .planner import plan as make_plan
+
+    if budget is None and formulation != "all-fast":
+        raise ValueError("a budget is needed: --budget 6GB, 512MiB or a slow:fast ratio such as 4:1")
+    w, graph, cm = _prepare(model, preset, batch, image, memory, cache)
+    with console.status(f"planning ({formulation}) ...", spinner="dots") if not as_json else _null():
+        p = make_plan(graph, cm, budget, formulation, **_plan_options(window, time_limit, mip_gap, pin_params))
+    if output:
+        p.save(output)
+    s = _plan_summary(p)
+    if as_json:
+        print(json.dumps(s))
+        return
+    t = Table(title=f"{w.name}: {formulation} plan on {p.memory_system}" + (" (simulated)" if s["simulated"] else ""),
+              show_header=False)
+    t.add_row("status", f"{s['status']} (gap {100 * s['gap']:.2f} %, solved in {s['solve_seconds']:.1f} s)")
+    t.add_row("predicted iteration", f"{s['predicted_seconds']:.4f} s")
+    t.add_row("budget", human_bytes(s["budget_bytes"] or 0))
+    t.add_row("peak fast bytes", human_bytes(s["peak_fast_bytes"]))
+    t.add_row("moves", f"{s['moves']} ({human_bytes(s['bytes_to_slow'])} to slow, {human_bytes(s['bytes_to_fast'])} to fast)")
+    if output:
+        t.add_row("written to", output)
     console.print(t)
-    v = Table(title="replay versus eager PyTorch")
-    v.add_column("iteration", justify="right")
-    v.add_column("eager loss", justify="right")
-    v.add_column("replay loss", justify="right")
-    v.add_column("loss, gradients identical")
-    for i, (a, b, same) in enumerate(zip(r.eager_losses, r.replay_losses, r.identical_per_iteration)):
-        v.add_row(str(i + 1), f"{a:.6f}", f"{b:.6f}", "[green]yes[/green]" if same else "[red]NO[/red]")
-    console.print(v)
-    console.print(f"updated weights and optimizer state identical after 3 iterations: "
-                  f"{'[green]yes[/green]' if r.state_identical else '[red]NO[/red]'}")
-    console.print("[dim]Tiered execution and the ILP planner arrive with the runtime and planner issues; "
-                  "this demo shows capture and bit-exact replay only.[/dim]")
-    if not r.identical:
+
+
+@app.command()
+def run(
+    model: str = MODEL_ARG,
+    preset: Optional[str] = PRESET_OPT,
+    batch: Optional[int] = BATCH_OPT,
+    image: Optional[int] = IMAGE_OPT,
+    memory: str = MEMORY_OPT,
+    budget: Optional[str] = BUDGET_OPT,
+    formulation: str = FORMULATION_OPT,
+    iterations: int = typer.Option(3, "--iterations", "-n", help="Training iterations to run."),
+    verify: bool = typer.Option(False, "--verify", help="Compare loss, gradients and weights with eager PyTorch."),
+    cache: Optional[str] = CACHE_OPT,
+    window: int = WINDOW_OPT,
+    time_limit: float = TIME_OPT,
+    mip_gap: float = GAP_OPT,
+    pin_params: bool = PIN_OPT,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Plan, then execute on the real tiers: predicted versus measured, peak fast bytes versus budget."""
+    from .api import run_workload
+    from .planner import plan as make_plan
+    from .tiers import make_memory_system
+
+    if memory.startswith("sim:"):
+        raise ValueError(f"{memory} is hypothetical hardware: use `autotm plan` to simulate it; run needs a real memory system")
+    if budget is None and formulation != "all-fast":
+        raise ValueError("a budget is needed: --budget 6GB, 512MiB or a slow:fast ratio such as 4:1")
+    if iterations < 1:
+        raise ValueError("--iterations must be at least 1")
+    w, graph, cm = _prepare(model, preset, batch, image, memory, cache)
+    p = make_plan(graph, cm, budget, formulation, **_plan_options(window, time_limit, mip_gap, pin_params))
+    with make_memory_system(memory) as ms:
+        with console.status(f"running {iterations} iterations ...", spinner="dots") if not as_json else _null():
+            r = run_workload(w, graph, cm, p, ms, iterations=iterations, verify=verify)
+    s = _plan_summary(p)
+    s.update(measured_seconds=r.report.measured_seconds, peak_fast_bytes=r.report.peak_fast_bytes,
+             identical=r.identical, iteration_seconds=r.report.iteration_seconds,
+             bytes_to_slow=r.report.bytes_to_slow, bytes_to_fast=r.report.bytes_to_fast)
+    if as_json:
+        print(json.dumps(s))
+    else:
+        t = Table(title=f"{w.name}: {formulation} on {memory}", show_header=False)
+        err = abs(s["predicted_seconds"] - s["measured_seconds"]) / s["measured_seconds"]
+        t.add_row("iteration seconds", f"measured {s['measured_seconds']:.4f}, predicted {s['predicted_seconds']:.4f} ({100 * err:.1f} % off)")
+        t.add_row("peak fast bytes", f"{human_bytes(s['peak_fast_bytes'])} of a {human_bytes(s['budget_bytes'] or 0)} budget")
+        t.add_row("moved", f"{human_bytes(s['bytes_to_slow'])} to slow, {human_bytes(s['bytes_to_fast'])} to fast")
+        if verify:
+            t.add_row("bit-identical to eager", "[green]yes[/green]" if r.identical else f"[red]NO[/red] {r.mismatches[:2]}")
+        console.print(t)
+    if verify and not r.identical:
+        raise typer.Exit(1)
+
+
+@app.command()
+def demo(
+    model: str = typer.Option("resnet50", "--model", help="The model, at its test preset."),
+    budget: str = typer.Option("4:1", "--budget", "-B", help="Fast budget (ratio or bytes)."),
+    out: str = typer.Option("results", "--out", help="Folder for the figure."),
+) -> None:
+    """The main job on the embedded default: every formulation and baseline side by side on cpu+file, verified."""
+    from .demo import run_demo
+
+    ok = run_demo(console, model=model, budget=budget, out=out)
+    if not ok:
         raise typer.Exit(1)
 
 

@@ -21,6 +21,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 import torch
+import torch.fx as fx
 
 from .errors import AutotmError, ReplayError
 from .graph import TrainingGraph
@@ -32,6 +33,10 @@ from .validate import validate
 
 class BudgetExceeded(AutotmError):
     """The runtime held more fast-tier bytes than the budget allows."""
+
+
+class SessionFailed(AutotmError):
+    """An iteration of this session failed or was interrupted: it has nothing to report."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,9 @@ def _release_freed_memory_to_os() -> None:
     With its default dynamic mmap threshold, glibc serves blocks of up to 32 MiB from the
     heap after the first large free, and a fragmented heap is not trimmed: RSS would then
     overstate what the executor holds. A fixed 256 KiB threshold keeps large tensors in
-    their own mappings, which free() unmaps.
+    their own mappings, which free() unmaps. Process-wide and permanent (glibc turns its
+    dynamic threshold off for good), and it costs speed: every large tensor is fresh pages
+    that fault in. So the executor sets it only when it enforces a budget.
     """
     try:
         import ctypes
@@ -139,13 +146,133 @@ def _release_freed_memory_to_os() -> None:
         pass
 
 
+def _const(v):
+    return lambda: v
+
+
+class _Compiler:
+    """Turns fx arguments into argument builders, once per executor.
+
+    Replay.materialize walks a kernel's arguments with fx's map_arg on every call; here
+    each argument becomes a closure that fetches a storage's current value (or re-derives
+    a view from it), so a kernel call costs a few Python calls per operand.
+    """
+
+    def __init__(self, program, env: dict, storage_value):
+        self.p = program
+        self.env = env
+        self.storage_value = storage_value
+        self.getters: dict[fx.Node, object] = {}
+
+    def node(self, node: fx.Node):
+        g = self.getters.get(node)
+        if g is not None:
+            return g
+        p = self.p
+        tid = p.node_tensor.get(node)
+        if tid is None:
+            def g():
+                raise ReplayError(f"node {node.name} has no tensor")
+        elif p.base_node.get(tid) is node:
+            env, sv = self.env, self.storage_value
+
+            def g():
+                try:
+                    return env[tid]
+                except KeyError:
+                    return sv(tid)  # slow view (direct access) or a ReplayError naming the tensor
+        else:  # a view: re-derived from the storage's current value on every use
+            target = node.target
+            args, kwargs = self.args(node.args), self.kwargs(node.kwargs)
+            if kwargs is None:
+                def g():
+                    return target(*args())
+            else:
+                def g():
+                    return target(*args(), **kwargs())
+        self.getters[node] = g
+        return g
+
+    def value(self, a):
+        """(dynamic, value or builder) for one argument."""
+        if isinstance(a, fx.Node):
+            return True, self.node(a)
+        if isinstance(a, (list, tuple)):
+            parts = [self.value(x) for x in a]
+            if not any(d for d, _ in parts):
+                return False, a
+            fns = [f if d else _const(f) for d, f in parts]
+            if isinstance(a, list):
+                return True, lambda: [f() for f in fns]
+            return True, lambda: tuple([f() for f in fns])
+        if isinstance(a, (dict, slice)):
+            holder = []
+            fx.node.map_arg(a, holder.append)
+            if holder:
+                return True, lambda: fx.node.map_arg(a, lambda n: self.node(n)())
+        return False, a
+
+    def args(self, args: tuple):
+        parts = [self.value(x) for x in args]
+        dyn = [(i, f) for i, (d, f) in enumerate(parts) if d]
+        if not dyn:
+            const = tuple(args)
+            return lambda: const
+        if len(dyn) == len(parts):
+            fns = [f for _, f in dyn]
+            return lambda: [f() for f in fns]
+        base = [f for _, f in parts]
+
+        def build():
+            a = base.copy()
+            for i, f in dyn:
+                a[i] = f()
+            return a
+        return build
+
+    def kwargs(self, kwargs: dict):
+        """None when there are no keyword arguments."""
+        if not kwargs:
+            return None
+        parts = {k: self.value(v) for k, v in kwargs.items()}
+        dyn = [(k, f) for k, (d, f) in parts.items() if d]
+        base = {k: f for k, (_, f) in parts.items()}
+        if not dyn:
+            return lambda: base
+
+        def build():
+            kw = dict(base)
+            for k, f in dyn:
+                kw[k] = f()
+            return kw
+        return build
+
+
+@dataclass(frozen=True)
+class _CompiledKernel:
+    target: object
+    args: object  # () -> list/tuple of arguments
+    kwargs: object  # () -> dict, or None
+    outputs: tuple  # (tensor id, index in the op's tuple or None, bytes, written to slow)
+    reuse: tuple | None  # (out overload, input tensor id, out kwarg name, shape, stride)
+    frees: tuple  # tensor ids whose live range ends here
+
+
 class Executor(Replay):
     """Runs iterations of `graph` following `plan` on `memory`.
 
     The plan is validated first; a plan the validator rejects never runs.
+
+    With a budget (given, or the plan's), the runtime also keeps the process's memory
+    honest: glibc returns freed tensors to the OS at once (see
+    `_release_freed_memory_to_os`; `trim_memory` overrides), and idle read buffers a
+    memory system recycles (cpu+file's cache) count against the budget: before each
+    kernel, if the bytes the executor will hold at that kernel plus the idle cache would
+    pass the budget, the cache is released.
     """
 
-    def __init__(self, graph: TrainingGraph, plan: Plan, memory: MemorySystem, *, budget_bytes: int | None = None):
+    def __init__(self, graph: TrainingGraph, plan: Plan, memory: MemorySystem, *, budget_bytes: int | None = None,
+                 trim_memory: bool | None = None):
         super().__init__(graph)
         check_plan_matches(plan, graph)
         if plan.access != memory.access:
@@ -154,7 +281,8 @@ class Executor(Replay):
         self.memory = memory
         self.budget = budget_bytes if budget_bytes is not None else plan.budget_bytes
         self.validation = validate(plan, graph, budget_bytes=self.budget)
-        _release_freed_memory_to_os()
+        if trim_memory if trim_memory is not None else self.budget is not None:
+            _release_freed_memory_to_os()
         n = len(graph.kernels)
         self.initial = {tp.id: tp.initial for tp in plan.tensors}
         # per kernel: sync (evicts and drops first, then prefetches), and async actions
@@ -165,8 +293,33 @@ class Executor(Replay):
                 (self.sync_at if a.mode == "sync" else self.async_at)[a.at].append((tp.id, a))
         for lst in self.sync_at:
             lst.sort(key=lambda x: x[1].kind == "prefetch")
+        self.has_moves = [bool(s or a) for s, a in zip(self.sync_at, self.async_at)]
         self.nbytes = [t.nbytes for t in graph.tensors]
+        # the idle read-buffer cache may grow to (budget - what the plan holds at kernel k)
+        cached = getattr(memory, "cached_fast_bytes", None)
+        release = getattr(memory, "release_cached", None)
+        self._cache_ctl = (cached, release) if (cached is not None and release is not None
+                                                and self.budget is not None) else None
+        self.cache_headroom = ([int(self.budget - b) for b in self.validation.fast_bytes]
+                               if self._cache_ctl else [])
+        self.kernels = self._compile()
+        self._borrowed: set[int] = set()  # slow inputs the caller owns (never freed here)
         self._reset_iteration()
+
+    def _compile(self) -> list[_CompiledKernel]:
+        p = self.program
+        comp = _Compiler(p, self.env, self.storage_value)
+        out = []
+        for k, node in enumerate(p.kernel_nodes):
+            outputs = tuple((tid, i, self.nbytes[tid], self.initial[tid] == "slow") for tid, i in p.kernel_outputs[k])
+            reuse = None
+            r = self.reuse[k] if k < len(self.reuse) else None
+            val = node.meta.get("val")
+            if (r is not None and isinstance(val, torch.Tensor) and len(outputs) == 1 and not outputs[0][3]):
+                reuse = (r[0], r[1], r[2], tuple(val.shape), tuple(val.stride()))
+            out.append(_CompiledKernel(node.target, comp.args(node.args), comp.kwargs(node.kwargs), outputs,
+                                       reuse, tuple(p.free_after[k])))
+        return out
 
     # ---- accounting -------------------------------------------------------------------
     def _reset_iteration(self):
@@ -194,7 +347,8 @@ class Executor(Replay):
         self.env.pop(tid, None)
 
     def _check_budget(self, k: int) -> None:
-        self.peak_fast = max(self.peak_fast, self.fast_bytes)
+        if self.fast_bytes > self.peak_fast:
+            self.peak_fast = self.fast_bytes
         if self.budget is not None and self.fast_bytes > self.budget:
             big = sorted(self.fast, key=lambda t: -self.nbytes[t])[:3]
             names = ", ".join(f"{self.graph.tensors[t].name} ({self.nbytes[t]} B)" for t in big)
@@ -215,6 +369,10 @@ class Executor(Replay):
 
     # ---- the timeline -----------------------------------------------------------------
     def before_kernel(self, k: int) -> None:
+        if self._cache_ctl is not None:
+            cached, release = self._cache_ctl
+            if cached() > self.cache_headroom[k]:
+                release()
         for tid, a in self.sync_at[k]:  # step 1
             t0 = time.perf_counter()
             if a.kind == "evict":
@@ -234,7 +392,9 @@ class Executor(Replay):
                 pending = self.memory.start_to_fast(self.slow[tid])
                 self.fast.add(tid)  # the destination is held from the start
                 self.fast_bytes += self.nbytes[tid]
+                self._pending.append((tid, a, pending, t0))
                 self._check_budget(k)
+                continue
             elif a.kind == "evict":
                 pending = self.memory.start_to_slow(tid, self.env[tid])
             else:
@@ -242,19 +402,35 @@ class Executor(Replay):
             self._pending.append((tid, a, pending, t0))
 
     def run_kernel(self, k: int) -> None:
+        """Step 3: run kernel k, its outputs allocated in their initial tier."""
+        ck = self.kernels[k]
+        env = self.env
         t0 = time.perf_counter()
-        super().run_kernel(k)  # step 3
+        args = ck.args()
+        r = ck.reuse
+        if r is not None and r[1] in env and r[1] not in self.keep:
+            # the output goes into the storage of an input that dies here (in-place update)
+            dst = env[r[1]].as_strided(r[3], r[4], 0)
+            out = r[0](*args, **(ck.kwargs() if ck.kwargs is not None else {}), **{r[2]: dst})
+        elif ck.kwargs is None:
+            out = ck.target(*args)
+        else:
+            out = ck.target(*args, **ck.kwargs())
         self.kernel_times[k] = time.perf_counter() - t0
-        for tid, _ in self.program.kernel_outputs[k]:
-            if self.initial[tid] == "slow":  # direct access: the output goes to slow memory
-                self.slow[tid] = self.memory.to_slow(tid, self.env.pop(tid))
+        for tid, i, nb, to_slow in ck.outputs:
+            v = out if i is None else out[i]
+            if to_slow:  # direct access: the output goes to slow memory
+                self.slow[tid] = self.memory.to_slow(tid, v)
             else:
+                env[tid] = v
                 self.fast.add(tid)
-                self.fast_bytes += self.nbytes[tid]
+                self.fast_bytes += nb
         self._check_budget(k)
 
     def after_kernel(self, k: int) -> None:
-        for tid, a, pending, t0 in self._pending:  # step 4
+        pend = self._pending  # step 4
+        while pend:
+            tid, a, pending, t0 = pend[0]
             if a.kind == "prefetch":
                 self.env[tid] = pending.wait()
                 self.to_fast_bytes += self.nbytes[tid]
@@ -265,57 +441,75 @@ class Executor(Replay):
                     self._release_fast(tid)
             else:
                 self._release_fast(tid)
+            pend.pop(0)
             self.moves.append(MoveRecord(tid, a.kind, "async", k, self.nbytes[tid], time.perf_counter() - t0))
-        self._pending = []
 
     def free(self, tid: int) -> None:  # step 5
         self._release_fast(tid)
         h = self.slow.pop(tid, None)
-        if h is not None:
+        if h is not None and tid not in self._borrowed:
             self.memory.free_slow(h)
 
     # ---- iterations -------------------------------------------------------------------
     def place_inputs(self, inputs: Mapping[int, torch.Tensor | SlowHandle]) -> None:
-        """Put graph inputs in their initial tier (fast tensors or slow handles)."""
+        """Put graph inputs in their initial tier (fast tensors or slow handles). Slow
+        handles passed in stay the caller's: the executor reads them and never frees them."""
         for tid, v in inputs.items():
             if isinstance(v, SlowHandle):
                 self.slow[tid] = v
+                self._borrowed.add(tid)
             elif self.initial.get(tid, "fast") == "slow":
                 self.slow[tid] = self.memory.to_slow(tid, v)
             else:
                 self._hold_fast(tid, v, 0)
+        for tid, v in self.program.constants.items():
+            if tid not in inputs:
+                if self.initial.get(tid, "fast") == "slow":
+                    self.slow[tid] = self.memory.to_slow(tid, v)
+                else:
+                    self._hold_fast(tid, v, 0)
 
     def run_iteration(self, inputs: Mapping[int, torch.Tensor | SlowHandle], keep: Iterable[int] = ()) -> dict:
         """One iteration. Returns the graph outputs: fast tensors, or SlowHandles for those
-        whose matching input starts slow (carried there after the last kernel)."""
+        whose matching input starts slow (carried there after the last kernel).
+
+        On any exception (KeyboardInterrupt included) every move in flight is waited for and
+        every slow copy the iteration made is freed before the exception propagates; graph
+        inputs may have been partly overwritten (in-place updates), so they are no longer
+        a consistent state."""
         self._reset_iteration()
-        self.env = {}
-        self.place_inputs(inputs)
+        self.env.clear()
+        self._borrowed = set()
         keep = set(keep)
         self.keep = keep
         p = self.program
         n = len(p.kernel_nodes)
+        nbytes, has_moves, kernels = self.nbytes, self.has_moves, self.kernels
+        cache_ctl = self._cache_ctl
         try:
+            self.place_inputs(inputs)
             for k in range(n):
-                self.before_kernel(k)
+                if has_moves[k]:
+                    self.before_kernel(k)
+                elif cache_ctl is not None and cache_ctl[0]() > self.cache_headroom[k]:
+                    cache_ctl[1]()
                 try:
                     self.run_kernel(k)
-                except (ReplayError, BudgetExceeded):
-                    raise
                 except AutotmError:
                     raise
                 except Exception as e:
                     kern = self.graph.kernels[k]
                     raise ReplayError(f"while executing kernel {k} {kern.op} ({kern.module or 'no module'}): {e}") from e
-                self.after_kernel(k)
-                for tid in p.free_after[k]:
+                if self._pending:
+                    self.after_kernel(k)
+                for tid in kernels[k].frees:
                     if tid not in keep:
                         self.free(tid)
                     elif tid in self.fast:
                         # kept only so the caller can inspect it (verification): outside the
                         # plan, so outside the budget account from its planned death on
                         self.fast.remove(tid)
-                        self.fast_bytes -= self.nbytes[tid]
+                        self.fast_bytes -= nbytes[tid]
             out: dict[int, torch.Tensor | SlowHandle] = {}
             slow_inputs = {key for key, tid in p.input_keys if self.initial.get(tid) == "slow"}
             for key, tid in p.output_keys.items():
@@ -325,98 +519,171 @@ class Executor(Replay):
                     else:
                         t0 = time.perf_counter()
                         out[tid] = self.memory.to_slow(tid, self.env[tid])
-                        self.to_slow_bytes += self.nbytes[tid]
-                        self.moves.append(MoveRecord(tid, "carry", "sync", n, self.nbytes[tid], time.perf_counter() - t0))
+                        self.to_slow_bytes += nbytes[tid]
+                        self.moves.append(MoveRecord(tid, "carry", "sync", n, nbytes[tid], time.perf_counter() - t0))
                         self._release_fast(tid)
                 else:
                     out[tid] = self.storage_value(tid) if tid in self.env else self.memory.to_fast(self.slow[tid])
             for tid in keep:
                 if tid in self.env:
                     out[tid] = self.env[tid]
+            self.slow = {t: h for t, h in self.slow.items() if t not in self._borrowed}
             return out
+        except BaseException:
+            # slow copies handed out as carried outputs belong to the caller only on success
+            self._discard_outputs(locals().get("out"))
+            raise
         finally:
-            for _, _, pending, _ in self._pending:
-                if pending is not None:
-                    try:
-                        pending.wait()
-                    except Exception:
-                        pass
-            self._pending = []
-            for h in self.slow.values():
+            self._finish_iteration()
+
+    def _discard_outputs(self, out) -> None:
+        for tid, v in (out or {}).items():
+            if isinstance(v, SlowHandle) and tid not in self._borrowed:
+                self.slow.setdefault(tid, v)
+
+    def _finish_iteration(self) -> None:
+        """Wait for moves in flight, free every slow copy the executor owns, drop fast values."""
+        while self._pending:
+            tid, a, pending, _ = self._pending.pop()
+            if pending is None:
+                continue
+            try:
+                result = pending.wait()
+            except BaseException:
+                continue
+            if isinstance(result, SlowHandle) and self.slow.get(tid) is not result:
                 try:
-                    self.memory.free_slow(h)
+                    self.memory.free_slow(result)
                 except Exception:
                     pass
-            self.slow = {}
-            self.env = {}
-            self.fast = set()
+        for tid, h in self.slow.items():
+            if tid in self._borrowed:
+                continue
+            try:
+                self.memory.free_slow(h)
+            except Exception:
+                pass
+        self.slow = {}
+        self._borrowed = set()
+        self.env.clear()
+        self.fast = set()
+        self.keep = set()
 
 
 class ExecutorSession:
     """Training through an Executor, iteration after iteration, carrying the state between
-    iterations in the tiers the plan gives the graph inputs."""
+    iterations in the tiers the plan gives the graph inputs.
+
+    A failed or interrupted iteration (any exception, Ctrl-C included) leaves no slow
+    memory behind: the executor frees what the iteration made, and the session frees the
+    carried state and refuses to go on (in-place updates may have half-written it):
+    `step`, `write_back` and `report` then raise SessionFailed. No RunReport is ever made
+    for a run that did not complete.
+
+    The caller's model and optimizer are only read here (the session works on copies), so
+    a caller that does not need them afterwards should drop them: they are DRAM outside
+    the budget. `sample_rss=True` records the process's peak RSS during the iterations in
+    the report (a sampling thread, every 2 ms).
+    """
 
     def __init__(self, graph: TrainingGraph, plan: Plan, memory: MemorySystem, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, *, budget_bytes: int | None = None):
+                 optimizer: torch.optim.Optimizer, *, budget_bytes: int | None = None,
+                 trim_memory: bool | None = None, sample_rss: bool = False):
         self.graph = graph
-        self.executor = Executor(graph, plan, memory, budget_bytes=budget_bytes)
-        self.state = TrainingState(graph, model, optimizer)
         self.memory = memory
-        p = graph.program
-        # values of inputs that start slow live only in slow memory between iterations
         self.carried: dict[str, torch.Tensor | SlowHandle] = {}
-        for key, tid in p.input_keys:
-            if key in self.state.values:
-                v = self.state.values.pop(key)
-                self.carried[key] = memory.to_slow(tid, v) if self.executor.initial[tid] == "slow" else v
+        self.failed: BaseException | None = None
+        self.closed = False
+        self.sample_rss = sample_rss
+        self.baseline_rss_bytes = rss_bytes()
+        self.peak_rss_bytes = 0
         self.iteration_seconds: list[float] = []
         self.kernel_seconds: list[np.ndarray] = []
         self.losses: list[float] = []
         self.peak_fast_bytes = 0
+        self.executor = Executor(graph, plan, memory, budget_bytes=budget_bytes, trim_memory=trim_memory)
+        self.state = TrainingState(graph, model, optimizer)
+        p = graph.program
+        # values of inputs that start slow live only in slow memory between iterations
+        try:
+            for key, tid in p.input_keys:
+                if key in self.state.values:
+                    v = self.state.values.pop(key)
+                    self.carried[key] = memory.to_slow(tid, v) if self.executor.initial[tid] == "slow" else v
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_usable(self) -> None:
+        if self.failed is not None:
+            raise SessionFailed(f"this session's iteration {len(self.iteration_seconds) + 1} failed "
+                                f"({type(self.failed).__name__}: {self.failed}); its state was released "
+                                "and it reports nothing") from self.failed
+        if self.closed:
+            raise SessionFailed("this session is closed")
 
     def step(self, batch, *, keep_gradients: bool = False) -> StepResult:
+        self._check_usable()
         batch = check_batch(self.graph, batch)
         p = self.graph.program
         inputs = self.state.inputs(batch, values=self.carried)
         keep = set(p.gradient_of.values()) if keep_gradients else set()
-        t0 = time.perf_counter()
-        out = self.executor.run_iteration(inputs, keep=keep)
-        self.iteration_seconds.append(time.perf_counter() - t0)
+        try:
+            t0 = time.perf_counter()
+            if self.sample_rss:
+                with RssSampler() as rs:
+                    out = self.executor.run_iteration(inputs, keep=keep)
+                self.peak_rss_bytes = max(self.peak_rss_bytes, rs.peak)
+            else:
+                out = self.executor.run_iteration(inputs, keep=keep)
+            seconds = time.perf_counter() - t0
+            del inputs
+            grads = {}
+            if keep_gradients:
+                for n, tid in p.gradient_of.items():
+                    shape, stride, offset = p.gradient_view[n]
+                    grads[n] = out[tid].as_strided(shape, stride, offset)
+            for key, tid in p.output_keys.items():
+                if key != "loss":
+                    old, new = self.carried.get(key), out[tid]
+                    self.carried[key] = new
+                    if isinstance(old, SlowHandle) and old is not new:
+                        self.memory.free_slow(old)
+            loss = out[p.output_keys["loss"]]
+            loss_value = float(loss)
+        except BaseException as e:
+            self.failed = e
+            self.close()
+            raise
+        self.iteration_seconds.append(seconds)
         self.kernel_seconds.append(self.executor.kernel_times.copy())
         self.peak_fast_bytes = max(self.peak_fast_bytes, self.executor.peak_fast)
-        grads = {}
-        if keep_gradients:
-            for n, tid in p.gradient_of.items():
-                shape, stride, offset = p.gradient_view[n]
-                grads[n] = out[tid].as_strided(shape, stride, offset)
-        for key, tid in p.output_keys.items():
-            if key != "loss":
-                old = self.carried.get(key)
-                if isinstance(old, SlowHandle):
-                    self.memory.free_slow(old)
-                self.carried[key] = out[tid]
         for gi in self.state.steps:
             self.state.steps[gi] += 1
-        loss = out[p.output_keys["loss"]]
-        self.losses.append(float(loss))
+        self.losses.append(loss_value)
         return StepResult(loss=loss, gradients=grads)
 
     def write_back(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self._check_usable()
         values = {k: (self.memory.to_fast(v) if isinstance(v, SlowHandle) else v) for k, v in self.carried.items()}
         self.state.values = values
         self.state.write_back(model, optimizer)
         self.state.values = {}
 
     def close(self) -> None:
-        for v in self.carried.values():
+        """Free the carried state's slow memory. Idempotent; the memory system stays open."""
+        carried, self.carried = self.carried, {}
+        self.closed = True
+        for v in carried.values():
             if isinstance(v, SlowHandle):
                 try:
                     self.memory.free_slow(v)
                 except Exception:
                     pass
-        self.carried = {}
 
     def report(self) -> RunReport:
+        if self.failed is not None:
+            self._check_usable()
         ex = self.executor
         return RunReport(
             graph_name=self.graph.name, planner=ex.plan.planner, memory_system=self.memory.name,
@@ -424,4 +691,5 @@ class ExecutorSession:
             iteration_seconds=list(self.iteration_seconds),
             kernel_seconds=np.median(np.stack(self.kernel_seconds), axis=0) if self.kernel_seconds else np.zeros(0),
             moves=list(ex.moves), peak_fast_bytes=self.peak_fast_bytes, bytes_to_slow=ex.to_slow_bytes,
-            bytes_to_fast=ex.to_fast_bytes, losses=list(self.losses))
+            bytes_to_fast=ex.to_fast_bytes, losses=list(self.losses),
+            peak_rss_bytes=self.peak_rss_bytes, baseline_rss_bytes=self.baseline_rss_bytes)

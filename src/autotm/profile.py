@@ -1,22 +1,35 @@
 """profile(): measure a graph's kernels and a memory system's moves into a CostModel.
 
-Kernels are timed *in situ*: a `Replay` subclass runs the iteration on real tensors and,
-the first time it meets a kernel signature it has no timing for, times the ATen call on
-the real operands (they are in the interpreter's env at that point), then lets the replay
-go on. Each unique signature is timed once (staged access: every operand fast; direct
-access: every placement of its operands in fast/slow memory).
+Kernels are timed *in situ*: a `Replay` subclass runs iterations of the graph on real
+tensors and times each kernel where it runs, with the operands, caches and allocator state
+the executor will give it. Each unique signature is timed until its estimate is final,
+then never again (the result is cached).
 
-Timing rule (`time_call`): the first call is a warm-up and sets the batch size: a call
-shorter than `MIN_BATCH_S` is repeated n times per sample, n = ceil(MIN_BATCH_S / t), and
-the per-call time is the batch time / n (the timer's resolution and overhead are then
-small against a sample). Samples are taken until the median is stable: at least
-`MIN_SAMPLES`, then stop as soon as adding a sample moves the median by less than
-`REL_TOL`, or at `MAX_SAMPLES`, or when the samples have taken `MAX_KERNEL_S`. The result
-is the median per-call time.
+Timing rule, in situ (the all-fast time of every kernel, any access model):
+- warm-up: the first time a signature is met in this process, one untimed functional call
+  (lazy initialization, e.g. oneDNN primitives, is not counted);
+- a sample is the time from the start of the replay's own call of the kernel (operand
+  materialization included: views are re-derived from storages, as the executor does) to
+  the start of the next kernel (so the interpreter's work after it, freeing the tensors
+  that die there, is included). Every occurrence of a signature gives one sample; the
+  replay is repeated (up to `MAX_ITERATIONS` iterations, each stopped after the last kernel
+  that still needs samples) until every signature is final (`insitu_done`): at least
+  `MIN_SAMPLES` samples whose median moved by at most `REL_TOL` with the last ones, or
+  `LONG_KERNEL_S` of samples (a long kernel: the timer's error is negligible), or
+  `MAX_SAMPLES`. The result is the median.
 
-The calls are functional (`node.target(*args)`), never the replay's in-place reuse path,
-so repeating a kernel changes nothing; the RNG state is restored after timing so random
-kernels (dropout) still produce the values the replay would.
+Timing rule, repeated (direct access: each placement of the operands; `time_call`): the
+first call is a warm-up and sets the batch size: a call shorter than `MIN_BATCH_S` (too
+short for the timer) is repeated n times per sample, n = ceil(MIN_BATCH_S / t), and the
+per-call time is the batch time / n. Samples are taken until the median is stable: at
+least `MIN_SAMPLES`, then stop as soon as adding a sample moves the median by at most
+`REL_TOL`, or at `MAX_SAMPLES`, or after `MAX_KERNEL_S`. The result is the median. A
+placement's time is the in-situ all-fast time times (repeated placement time / repeated
+all-fast time). For repeated timing, slow input operands are copied to the slow tier and
+read through `slow_view`; slow outputs are written there after the call (as the executor
+does). The calls are functional (`node.target(*args)`), never the replay's in-place reuse
+path, so repeating a kernel changes nothing; the RNG state is restored around warm-up and
+repeated calls so random kernels (dropout) produce the values the replay would.
 
 Moves: sync and async seconds of `to_slow` and `to_fast` over sizes 64 KiB .. 64 MiB,
 fitted per direction and mode as latency + bytes / bandwidth (least squares on relative
@@ -61,6 +74,8 @@ MIN_SAMPLES = 3
 MAX_SAMPLES = 15
 REL_TOL = 0.03
 MAX_KERNEL_S = 1.0  # time spent on samples of one kernel placement, at most (after MIN_SAMPLES)
+MAX_ITERATIONS = 4  # in-situ sampling: replay iterations at most
+LONG_KERNEL_S = 0.25  # in-situ sampling: this much sampled time of a kernel is enough
 
 # ---- moves -------------------------------------------------------------------------------
 MOVE_SIZES = tuple(64 * 1024 * 4 ** i for i in range(6))  # 64 KiB .. 64 MiB
@@ -84,12 +99,15 @@ class ProfileStats:
     seconds: float = 0.0
     cache_path: str = ""
     cache_rebuilt: str | None = None
+    simulated_from: str | None = None  # the tier spec of a sim:<spec> cost model
 
     @property
     def nothing_new(self) -> bool:
         return self.measured == 0 and self.move_samples_measured == 0
 
     def message(self) -> str:
+        if self.simulated_from:
+            return f"simulated: roofline from tier spec {self.simulated_from} (nothing measured but the peak FLOP/s)"
         if self.nothing_new:
             return (f"nothing new measured: {self.cache_hits} kernel timings and "
                     f"{self.move_samples_cached} move samples from the cache")
@@ -193,28 +211,85 @@ def placements(n: int) -> list[tuple[str, ...]]:
 
 # ------------------------------------------------------------------ in-situ kernel timing
 
-class ProfilingReplay(Replay):
-    """Runs the iteration and times every kernel placement in `todo` when first met."""
+class _Enough(Exception):
+    pass
 
-    def __init__(self, graph: TrainingGraph, memory, todo: dict[int, list[tuple]], record: Callable):
+
+class ProfilingReplay(Replay):
+    """Runs iterations of the graph and times kernels where they run.
+
+    - In situ (every access model): each kernel whose signature still needs samples is
+      timed where it runs, from the start of the replay's own call (materialization of
+      its operands included) to the start of the next kernel (so the interpreter's work
+      after it, freeing the tensors that die there, is included); the first call of a
+      signature in this process is preceded by an untimed warm-up call.
+      `samples[signature]` collects them.
+    - Repeated (direct access): `batch_jobs[k]` lists placements timed with `time_call`
+      on the real operands the first time kernel k is met (slow operands moved there for
+      the timing); `record(k, key, seconds, n)` stores each result.
+    """
+
+    def __init__(self, graph: TrainingGraph, memory, batch_jobs: dict[int, list[tuple]], record: Callable,
+                 need: set[str], samples: dict[str, list[float]]):
         super().__init__(graph)
         self.memory = memory
-        self.todo = todo  # kernel index -> [(placement or None, cache placement key)]
-        self.record = record  # record(k, placement_key, seconds, samples)
+        self.batch_jobs = batch_jobs  # kernel index -> [(placement or None, cache placement key)]
+        self.record = record
+        self.need = need  # signatures that still need in-situ samples
+        self.samples = samples
+        self.warm: set[str] = set()
         self._override: dict[int, torch.Tensor] = {}
+        self._open: tuple[str, float] | None = None
+        self.last_needed = len(graph.kernels) - 1
 
     def storage_value(self, tid: int) -> torch.Tensor:
         v = self._override.get(tid)
         return v if v is not None else super().storage_value(tid)
 
     def run_kernel(self, k: int) -> None:
-        jobs = self.todo.get(k)
+        jobs = self.batch_jobs.pop(k, None)
         if jobs:
             self._time_kernel(k, jobs)
+        sig = self.graph.kernels[k].signature
+        if sig not in self.need:
+            super().run_kernel(k)
+            return
+        if sig not in self.warm:
+            self.warm.add(sig)
+            node = self.program.kernel_nodes[k]
+            rng = torch.get_rng_state()
+            node.target(*fx.node.map_arg(node.args, self.materialize),
+                        **fx.node.map_arg(node.kwargs, self.materialize))
+            torch.set_rng_state(rng)
+        # the sample runs from here to the start of the next kernel: the call and the
+        # interpreter's work after it (freeing the tensors that die here)
+        self._open = (sig, time.perf_counter())
         super().run_kernel(k)
 
-    def _args(self, node):
-        return (fx.node.map_arg(node.args, self.materialize), fx.node.map_arg(node.kwargs, self.materialize))
+    def _close(self) -> None:
+        if self._open is not None:
+            sig, t0 = self._open
+            self.samples.setdefault(sig, []).append(time.perf_counter() - t0)
+            self._open = None
+
+    def before_kernel(self, k: int) -> None:
+        self._close()
+        if k > self.last_needed:
+            raise _Enough  # nothing after this kernel needs timing: stop the replay here
+
+    def run(self, inputs, keep=()):
+        """One iteration, up to the last kernel that still needs timing."""
+        ks = self.graph.kernels
+        self.last_needed = max([k for k in range(len(ks)) if ks[k].signature in self.need]
+                               + list(self.batch_jobs) + [-1])
+        self._open = None
+        try:
+            return super().run(inputs, keep)
+        except _Enough:
+            self.env = {}
+            return {}
+        finally:
+            self._close()
 
     def _time_kernel(self, k: int, jobs: list[tuple]) -> None:
         node = self.program.kernel_nodes[k]
@@ -263,6 +338,22 @@ class ProfilingReplay(Replay):
                 self.record(k, key, seconds, samples)
         finally:
             torch.set_rng_state(rng)
+
+
+def insitu_done(samples: list[float], before: int, iteration: int) -> bool:
+    """The in-situ rule: done with MIN_SAMPLES samples whose median is stable (adding the
+    last iteration's samples, or the last sample, moved it by at most REL_TOL); or with
+    LONG_KERNEL_S of samples (a long kernel: the timer's error is negligible and one
+    sample after the warm-up will do); or at MAX_SAMPLES or MAX_ITERATIONS."""
+    n = len(samples)
+    if n == 0:
+        return False
+    if n >= MAX_SAMPLES or iteration + 1 >= MAX_ITERATIONS or sum(samples) >= LONG_KERNEL_S:
+        return True
+    if n < MIN_SAMPLES:
+        return False
+    old = statistics.median(samples[:before] if before else samples[:-1])
+    return abs(statistics.median(samples) - old) <= REL_TOL * old
 
 
 def _allocate_like_the_executor() -> None:
@@ -421,36 +512,39 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
     db, owned = _open_cache(cache)
     try:
         stats = ProfileStats(total_kernels=len(graph.kernels), cache_path=str(db.path),
-                             cache_rebuilt=db.rebuilt_reason)
+                             cache_rebuilt=db.rebuilt_reason, unique_kernels=graph.unique_signatures)
         envd = environment(memory.name)
         env = db.environment(envd)
         have = {} if recache else db.kernel_times(env)  # recache: measure again, replace the rows
+        pending = {} if recache else db.pending(env)
         direct = memory.access == "direct"
         program = graph.program
 
-        # what each kernel needs, and which kernel (first with the signature) times it
+        # in situ: every signature without a final all-fast time
+        need = {k.signature for k in graph.kernels if (k.signature, "fast") not in have}
+        stats.cache_hits += graph.unique_signatures - len(need)
+        # direct access: repeated timings of each placement, and of all-fast for the ratio
         needs: list[list[tuple]] = []
-        todo: dict[int, list[tuple]] = {}
+        batch_jobs: dict[int, list[tuple]] = {}
         planned: set[tuple[str, str]] = set()
         for k, kern in enumerate(graph.kernels):
-            jobs = [(None, "fast")]
+            jobs = []
             if direct:
                 pattern = _arg_pattern(program, k)
                 n = len(operand_tensors(kern.inputs, kern.outputs))
-                jobs += [(p, placement_key(p, pattern)) for p in placements(n)]
+                jobs = [(None, "batch:fast")] + [(p, "batch:" + placement_key(p, pattern)) for p in placements(n)]
             needs.append(jobs)
             for p, key in jobs:
                 ck = (kern.signature, key)
+                if ck in planned:
+                    continue
+                planned.add(ck)
                 if ck in have:
-                    if ck not in planned:
-                        stats.cache_hits += 1
-                        planned.add(ck)
-                elif ck not in planned:
-                    planned.add(ck)
-                    todo.setdefault(k, []).append((p, key))
-        stats.unique_kernels = graph.unique_signatures
+                    stats.cache_hits += 1
+                else:
+                    batch_jobs.setdefault(k, []).append((p, key))
         n_move = len(move_sizes) * move_repeats
-        total = sum(len(v) for v in todo.values()) + n_move
+        total = len(need) + sum(len(v) for v in batch_jobs.values()) + n_move
         done = [0]
 
         def tick(what: str) -> None:
@@ -470,17 +564,43 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
         done[0] = max(done[0], n_move)
         if progress is not None:
             progress(done[0], total, "moves")
-        if todo:
+
+        if need or batch_jobs:
             if inputs is None:
                 inputs = synthetic_inputs(graph)
-            interp = ProfilingReplay(graph, memory, todo, record)
-            with torch.no_grad():
-                interp.run(dict(inputs))
+            samples = {sig: list(pending[sig][0]) for sig in need if sig in pending}
+            iters = {sig: pending[sig][1] for sig in need if sig in pending}
+            interp = ProfilingReplay(graph, memory, batch_jobs, record, need, samples)
+            op_of = {k.signature: k.op for k in graph.kernels}
+            it = 0
+            while need or interp.batch_jobs:
+                before = {sig: len(samples.get(sig, ())) for sig in need}
+                with torch.no_grad():
+                    interp.run(dict(inputs))
+                unfinished = []
+                for sig in sorted(need):
+                    xs = samples.get(sig, [])
+                    n_it = iters.get(sig, 0)
+                    if insitu_done(xs, before[sig], n_it):
+                        t = statistics.median(xs)
+                        db.put_final(env, sig, "fast", t, len(xs))
+                        have[(sig, "fast")] = t
+                        need.discard(sig)
+                        stats.measured += 1
+                        tick(op_of[sig])
+                    else:
+                        iters[sig] = n_it + 1
+                        unfinished.append((env, sig, xs, n_it + 1))
+                db.put_pending(unfinished)
+                it += 1
         kernel_seconds = tuple(have[(k.signature, "fast")] for k in graph.kernels)
         placement_seconds: dict[int, dict[tuple[str, ...], float]] = {}
         if direct:
+            # the in-situ all-fast time, scaled by the slowdown the repeated timings measured
             for k, kern in enumerate(graph.kernels):
-                placement_seconds[k] = {p: have[(kern.signature, key)] for p, key in needs[k] if p is not None}
+                base = have[(kern.signature, "batch:fast")]
+                placement_seconds[k] = {p: kernel_seconds[k] * have[(kern.signature, key)] / base
+                                        for p, key in needs[k] if p is not None}
         stats.seconds = time.perf_counter() - t_start
         cm = CostModel(graph_fingerprint=graph.fingerprint, memory_system=memory.name, access=memory.access,
                        kernel_seconds=kernel_seconds, placement_seconds=placement_seconds, moves=moves,
@@ -663,7 +783,7 @@ def _profile_sim(graph, name, cache, *, recache):
     peak = spec.peak_flops if spec.peak_flops is not None else measure_peak_flops(cache, recache=recache)
     cm = cost_model_from_spec(graph, spec, peak_flops=peak)
     stats = ProfileStats(unique_kernels=graph.unique_signatures, total_kernels=len(graph.kernels),
-                         seconds=time.perf_counter() - t0)
+                         seconds=time.perf_counter() - t0, simulated_from=spec.extra.get("path", spec.name))
     return cm, stats
 
 

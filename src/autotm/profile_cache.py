@@ -4,6 +4,7 @@ Keys: an *environment* (a dict naming the machine and software: CPU model, torch
 count, torch version, memory system; stored once, referred to by its hash), then
 
 - kernel timings: (environment, kernel signature, placement) -> seconds;
+- pending in-situ samples of kernels not final yet: (environment, signature) -> samples;
 - move samples: (environment, direction, mode, bytes, repeat) -> seconds;
 - values: (environment, name) -> a number (e.g. the measured peak FLOP/s).
 
@@ -56,6 +57,9 @@ CREATE TABLE IF NOT EXISTS moves (
     env TEXT NOT NULL, direction TEXT NOT NULL, mode TEXT NOT NULL, nbytes INTEGER NOT NULL,
     rep INTEGER NOT NULL, seconds REAL NOT NULL,
     PRIMARY KEY (env, direction, mode, nbytes, rep));
+CREATE TABLE IF NOT EXISTS pending (
+    env TEXT NOT NULL, signature TEXT NOT NULL, samples TEXT NOT NULL, iterations INTEGER NOT NULL,
+    PRIMARY KEY (env, signature));
 CREATE TABLE IF NOT EXISTS vals (
     env TEXT NOT NULL, name TEXT NOT NULL, value REAL NOT NULL, PRIMARY KEY (env, name));
 """
@@ -163,9 +167,39 @@ class ProfileCache:
         self._db.execute("INSERT OR REPLACE INTO kernels VALUES (?, ?, ?, ?, ?, ?)",
                          (env, signature, placement, float(seconds), int(samples), time.time()))
 
+    def pending(self, env: str) -> dict[str, tuple[list[float], int]]:
+        """In-situ samples of kernels not final yet: signature -> (samples, iterations)."""
+        return {s: (json.loads(x), n) for s, x, n in
+                self._db.execute("SELECT signature, samples, iterations FROM pending WHERE env=?", (env,))}
+
+    def put_pending(self, rows: list[tuple[str, str, list[float], int]]) -> None:
+        """Store (env, signature, samples, iterations) rows in one transaction."""
+        with self._transaction():
+            for env, sig, samples, n in rows:
+                self._db.execute("INSERT OR REPLACE INTO pending VALUES (?, ?, ?, ?)",
+                                 (env, sig, json.dumps(samples), int(n)))
+
+    def put_final(self, env: str, signature: str, placement: str, seconds: float, samples: int) -> None:
+        """A final kernel timing, replacing its pending samples, in one transaction."""
+        with self._transaction():
+            self.put_kernel(env, signature, placement, seconds, samples)
+            self._db.execute("DELETE FROM pending WHERE env=? AND signature=?", (env, signature))
+
+    def _transaction(self):
+        db = self._db
+
+        class _T:
+            def __enter__(self_):
+                db.execute("BEGIN")
+
+            def __exit__(self_, exc_type, *rest):
+                db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+        return _T()
+
     def forget(self, env: str) -> None:
-        """Drop every measurement of `env` (recache)."""
-        for table in ("kernels", "moves", "vals"):
+        """Drop every measurement of `env`."""
+        for table in ("kernels", "pending", "moves", "vals"):
             self._db.execute(f"DELETE FROM {table} WHERE env=?", (env,))
 
     # ---- moves ------------------------------------------------------------------------

@@ -67,7 +67,7 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
         extra = np.cumsum(delta[:-1])
     # a ratio is of the bytes the plan decides on: with pinned tensors, the paper's U
     base = int((graph.live_bytes - extra).max()) if extra is not None else graph.peak_live_bytes
-    budget_bytes = parse_budget(budget, base)
+    budget_bytes = base if (budget is None and formulation == "all-fast") else parse_budget(budget, base)
     meta["requested_budget_bytes"] = budget_bytes
     validation_budget = budget_bytes + (int(extra.max()) if extra is not None else 0)
 

@@ -118,6 +118,19 @@ class _Rows:
         fc[0] += 1
         fc[1] += len(cols)
 
+    def add_block(self, family: str, rows, cols, vals, lo, hi) -> None:
+        """Many rows at once: `rows` are 0-based within the block."""
+        count = len(lo)
+        self.r.append(np.asarray(rows, dtype=np.int64) + self.n)
+        self.c.append(np.asarray(cols, dtype=np.int64))
+        self.v.append(np.asarray(vals, dtype=float))
+        self.lo.extend(np.asarray(lo, dtype=float).tolist())
+        self.hi.extend(np.asarray(hi, dtype=float).tolist())
+        self.n += count
+        fc = self.family_counts.setdefault(family, [0, 0])
+        fc[0] += count
+        fc[1] += len(cols)
+
 
 @dataclass
 class _SegVars:
@@ -174,7 +187,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     n = len(graph.kernels)
     if min_tensor_bytes is None:
         # moving a tensor smaller than this cannot change a plan's speed measurably
-        min_tensor_bytes = max(4096, graph.peak_live_bytes // 20000)
+        min_tensor_bytes = graph.peak_live_bytes // 20000
     pairs = carried_pairs(graph)
     segs = tensor_segments(graph, min_bytes=min_tensor_bytes, pinned=pinned, pairs=pairs)
     need, need_k = minimum_budget(graph, segs)
@@ -190,15 +203,13 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     seg_vars: dict[tuple[int, int], _SegVars] = {}
     start_slow: dict[int, int] = {}
     async_terms: dict[int, list[tuple[int, float]]] = {}
-    # capacity: per kernel j, list of (col, coef in bytes) and the constant bytes
-    cap_cols: list[list[int]] = [[] for _ in range(n)]
-    cap_vals: list[list[float]] = [[] for _ in range(n)]
+    # capacity terms as intervals: variable `col` adds `coef` bytes at kernels j0..j1
+    cap_iv: list[tuple[int, int, int, float]] = []
     cap_const = graph.live_bytes.astype(np.float64).copy()
 
     def cap_add(j0: int, j1: int, col: int, coef: float) -> None:
-        for j in range(j0, j1 + 1):
-            cap_cols[j].append(col)
-            cap_vals[j].append(coef)
+        if j1 >= j0:
+            cap_iv.append((j0, j1, col, coef))
 
     for ts in segs:
         s = ts.nbytes
@@ -212,9 +223,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
         for seg in ts.segments:
             sv = _SegVars(seg)
             seg_vars[(ts.tensor, seg.index)] = sv
-            lo, hi = seg.start, seg.end
-            # every interior kernel holds t unless absent: constant s minus s * a[g] (+ windows)
-            cap_const[lo:hi + 1] -= 0  # live_bytes already counts t at every interior kernel
+            lo, hi = seg.start, seg.end  # live_bytes counts t at every interior kernel already
             if seg.kind == "initial":
                 # absent = st; prefetch before the first use
                 sv.pS = int(V.add(1, cost=r_sync)[0])
@@ -271,8 +280,6 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
             else:  # final: end the iteration where the next one starts
                 src = ts.carried_output_of
                 src_st = start_slow.get(src, -1) if src is not None else -1
-                if src_st < 0:
-                    src_st = _start_slow_of(src, segs, V, start_slow)
                 if src_st >= 0:
                     Rw.add("steady state", [sv.wA, sv.dA, src_st], [1.0, 1.0, -1.0], 0.0, 0.0)
                 else:
@@ -290,28 +297,44 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
         Rw.add("async overlap", [t for t, _ in terms] + [col], [v for _, v in terms] + [-1.0], -np.inf, 0.0)
     constant_time = float(sum(T[c] for c in range(n) if c not in y))
 
-    # capacity rows, in MiB; rows with the same variable terms keep only the tightest
+    # capacity rows, in MiB:  sum_t s_t R[t,j] <= B  for every kernel j, built from the
+    # intervals with numpy. Rows with the same variables differ only in their constant:
+    # keep the tightest of each such group (the others are implied).
     rhs = (budget + extra.astype(np.float64) - cap_const) / SCALE
-    seen: dict[tuple, int] = {}
-    keep = []
-    for j in range(n):
-        if not cap_cols[j]:
-            continue  # all constants: already checked by minimum_budget
-        key = tuple(zip(cap_cols[j], cap_vals[j]))
-        h = hash(key)
-        if h in seen and tuple(zip(cap_cols[seen[h]], cap_vals[seen[h]])) == key:
-            if rhs[j] < rhs[seen[h]]:
-                keep[keep.index(seen[h])] = j
-                seen[h] = j
-            continue
-        seen[h] = j
-        keep.append(j)
-    dropped = sum(1 for j in range(n) if cap_cols[j]) - len(keep)
-    for j in keep:
-        Rw.add("capacity", cap_cols[j], np.asarray(cap_vals[j]) / SCALE, -np.inf, rhs[j])
+    dropped = 0
+    if cap_iv:
+        iv = np.asarray(cap_iv, dtype=np.float64)
+        j0, j1, col, coef = iv[:, 0].astype(np.int64), iv[:, 1].astype(np.int64), iv[:, 2].astype(np.int64), iv[:, 3]
+        length = j1 - j0 + 1
+        first = np.cumsum(length) - length
+        rows = np.repeat(j0, length) + (np.arange(int(length.sum())) - np.repeat(first, length))
+        cols = np.repeat(col, length)
+        vals = np.repeat(coef, length) / SCALE
+        rng = np.random.default_rng(12345)
+        w1, w2 = rng.random(V.n), rng.random(V.n)
+        sig1 = np.bincount(rows, weights=w1[cols], minlength=n)
+        sig2 = np.bincount(rows, weights=w2[cols], minlength=n)
+        has = np.bincount(rows, minlength=n) > 0
+        order = np.lexsort((rhs, sig2, sig1))
+        order = order[has[order]]
+        key1, key2 = sig1[order], sig2[order]
+        new_group = np.ones(len(order), dtype=bool)
+        new_group[1:] = (key1[1:] != key1[:-1]) | (key2[1:] != key2[:-1])
+        keep = np.sort(order[new_group])  # the smallest rhs of each group comes first
+        dropped = int(has.sum()) - len(keep)
+        local = np.full(n, -1, dtype=np.int64)
+        local[keep] = np.arange(len(keep))
+        sel = local[rows] >= 0
+        Rw.add_block("capacity", local[rows[sel]], cols[sel], vals[sel],
+                     np.full(len(keep), -np.inf), rhs[keep])
 
     # ---- pass the model to HiGHS as arrays -----------------------------------------
-    h = highspy.Highs()
+    stats = ILPStats(variables=V.n, rows_dropped=dropped, families={k: tuple(v) for k, v in Rw.family_counts.items()})
+    if V.n == 0:  # nothing can move: every tensor stays in fast memory, and that fits
+        plan = _decode(graph, cost, budget, formulation, np.zeros(0), segs, seg_vars, start_slow)
+        stats.status, stats.objective = "Optimal", constant_time
+        return plan, stats
+    h = _quiet_highs(highspy)
     h.setOptionValue("output_flag", bool(verbose))
     h.setOptionValue("time_limit", float(time_limit))
     h.setOptionValue("mip_rel_gap", float(mip_gap))
@@ -341,38 +364,64 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     lp.a_matrix_.index_ = cols.astype(np.int32)
     lp.a_matrix_.value_ = vals
     h.passModel(lp)
-    stats = ILPStats(variables=V.n, binaries=int(integ.sum()), rows=Rw.n, nonzeros=len(vals),
-                     rows_dropped=dropped, families={k: tuple(v) for k, v in Rw.family_counts.items()})
+    stats.binaries = int(integ.sum())
+    stats.rows, stats.nonzeros = Rw.n, len(vals)
     stats.build_seconds = time.perf_counter() - t_build
 
-    if warm_start is not None:
-        x0 = _warm_start_vector(warm_start, V.n, seg_vars, start_slow, y, T, async_terms)
-        if x0 is not None:
-            sol = highspy.HighsSolution()
-            sol.col_value = list(x0)
-            sol.value_valid = True
-            h.setSolution(sol)
-
-    t_solve = time.perf_counter()
-    h.run()
-    stats.solve_seconds = time.perf_counter() - t_solve
-    status = h.getModelStatus()
-    info = h.getInfo()
+    x0 = _warm_start_vector(warm_start, V.n, seg_vars, start_slow, y, T, async_terms) if warm_start else None
+    x, info, status = _run(h, highspy, x0, time_limit, stats)
+    obj_x = float(lp.col_cost_ @ x + constant_time) if x is not None else np.nan
+    if x is not None and x0 is not None and abs(obj_x - info.objective_function_value) > 1e-7 * max(1.0, abs(obj_x)):
+        # HiGHS 1.16 can report the better objective while returning the warm start's
+        # values: solve again from scratch rather than return a plan that is not the optimum
+        h.passModel(lp)
+        x, info, status = _run(h, highspy, None, time_limit, stats)
+        obj_x = float(lp.col_cost_ @ x + constant_time) if x is not None else np.nan
     stats.status = h.modelStatusToString(status)
-    has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
-    if status == highspy.HighsModelStatus.kInfeasible or not has_solution:
+    if x is None:
         if status in (highspy.HighsModelStatus.kTimeLimit, highspy.HighsModelStatus.kInterrupt):
             raise TimeoutError(f"the solver found no plan within {time_limit:.0f} s; raise the time limit")
         raise InfeasibleBudget(budget, need, f"kernel {need_k} ({graph.kernels[need_k].op})")
-    x = np.asarray(h.getSolution().col_value)
-    stats.gap = float(info.mip_gap) if np.isfinite(info.mip_gap) else 0.0
-    stats.objective = float(info.objective_function_value)
+    bound = info.mip_dual_bound if np.isfinite(info.mip_dual_bound) else obj_x
+    stats.objective = obj_x  # the returned plan's own value (the simulator's number)
+    stats.gap = max(0.0, (obj_x - bound) / max(abs(obj_x), 1e-12))
     plan = _decode(graph, cost, budget, formulation, x, segs, seg_vars, start_slow)
     return plan, stats
 
 
-def _start_slow_of(src, segs, V, start_slow) -> int:
-    return start_slow.get(src, -1)
+def _run(h, highspy, x0, time_limit, stats):
+    """Solve (from x0 if given); return (solution or None, info, model status)."""
+    if x0 is not None:
+        sol = highspy.HighsSolution()
+        sol.col_value = list(x0)
+        sol.value_valid = True
+        h.setSolution(sol)
+    t = time.perf_counter()
+    h.run()
+    stats.solve_seconds += time.perf_counter() - t
+    status = h.getModelStatus()
+    info = h.getInfo()
+    feasible = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    if status == highspy.HighsModelStatus.kInfeasible or not feasible:
+        return None, info, status
+    return np.asarray(h.getSolution().col_value), info, status
+
+
+def _quiet_highs(highspy):
+    """A Highs object, without the banner it prints on stdout when created."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            h = highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    return h
 
 
 def _on(x: np.ndarray, col: int) -> bool:

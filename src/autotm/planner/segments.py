@@ -41,6 +41,8 @@ class TensorSegments:
 def carried_pairs(graph: TrainingGraph) -> dict[int, int]:
     """Output tensor id -> input tensor id, for the state carried between iterations."""
     p = graph.program
+    if p is None:  # a hand-built graph: nothing is carried between iterations
+        return {}
     inputs = {key: tid for key, tid in p.input_keys}
     return {tid: inputs[key] for key, tid in p.output_keys.items() if key in inputs and key.startswith(CARRIED)}
 

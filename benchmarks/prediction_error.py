@@ -1,0 +1,114 @@
+"""Predicted (simulate with the profiled cost model) versus measured iteration time.
+
+For each workload (default: a few models at the `test` and `cpu` presets) on a real
+memory system (default `cpu+file`): capture on real tensors, profile, then for each
+hand-written plan (all-fast, evict-all-activations sync, evict-all-activations async)
+predict its iteration time with `autotm.simulate.simulate` and measure it with an
+ExecutorSession (median over the iterations after the first). Prints
+|predicted - measured| / measured per case, with the kernel and sync-move parts of both.
+Target: median <= 5 %, max <= 10 %.
+
+    .venv/bin/python benchmarks/prediction_error.py [--cases test:resnet50,cpu:vgg19]
+        [--iterations 4] [--threads N] [--cache PATH] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+from autotm.executor import ExecutorSession
+from autotm.plan import all_fast_plan, evict_all_activations_plan
+from autotm.profile import capture_real, profile
+from autotm.simulate import simulate
+from autotm.tiers import make_memory_system
+from autotm.zoo import workload
+
+DEFAULT_CASES = "test:resnet50,test:vgg19,test:densenet264,test:inception_v4,cpu:vgg19,cpu:resnet50"
+PLANS = {
+    "all-fast": lambda g: all_fast_plan(g),
+    "evict-sync": lambda g: evict_all_activations_plan(g, "sync"),
+    "evict-async": lambda g: evict_all_activations_plan(g, "async"),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default=DEFAULT_CASES, help="preset:model,...")
+    ap.add_argument("--memory", default="cpu+file")
+    ap.add_argument("--iterations", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--cache", default=None, help="profile cache file (default: a fresh temporary one)")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()}")
+    tmp = tempfile.TemporaryDirectory()
+    cache = a.cache or os.path.join(tmp.name, "cache.sqlite")
+    rows = []
+    t_all = time.perf_counter()
+    with make_memory_system(a.memory) as memory:
+        for case in a.cases.split(","):
+            preset, name = case.split(":")
+            w = workload(name, preset)
+            graph, _, _, batch, inputs = capture_real(w)
+            t0 = time.perf_counter()
+            cm = profile(graph, memory, cache, inputs=inputs)
+            t_prof = time.perf_counter() - t0
+            del inputs
+            for plan_name, make in PLANS.items():
+                plan = make(graph)
+                sim = simulate(plan, graph, cm)
+                model = w.build_model()
+                opt = w.make_optimizer(model.parameters())
+                s = ExecutorSession(graph, plan, memory, model, opt)
+                try:
+                    for _ in range(a.iterations):
+                        s.step(batch)
+                    rep = s.report()
+                finally:
+                    s.close()
+                meas = rep.measured_seconds
+                i_med = int(np.argsort(rep.iteration_seconds[1:])[len(rep.iteration_seconds[1:]) // 2]) + 1 \
+                    if len(rep.iteration_seconds) > 1 else 0
+                ks = s.kernel_seconds[i_med].sum()
+                sync_meas = sum(m.seconds for m in rep.moves if m.mode == "sync")
+                err = abs(sim.predicted_seconds - meas) / meas
+                row = {"workload": w.name, "preset": preset, "plan": plan_name,
+                       "predicted_s": sim.predicted_seconds, "measured_s": meas, "error": err,
+                       "pred_kernels_s": float(sim.kernel_seconds.sum()), "meas_kernels_s": float(ks),
+                       "pred_sync_moves_s": sim.sync_move_seconds, "meas_sync_moves_s": float(sync_meas),
+                       "iterations_s": rep.iteration_seconds, "profile_s": t_prof}
+                rows.append(row)
+                print(f"{w.name:36s} {plan_name:12s} pred {sim.predicted_seconds:8.4f}  meas {meas:8.4f}  "
+                      f"err {100 * err:5.1f} %  (kernels {row['pred_kernels_s']:.4f}/{ks:.4f}, "
+                      f"sync moves {sim.sync_move_seconds:.4f}/{sync_meas:.4f})", flush=True)
+                del model, opt, s
+                gc.collect()
+            del graph, batch, cm
+            gc.collect()
+    errs = [r["error"] for r in rows]
+    print()
+    print(f"{'workload':36s} {'plan':12s} {'predicted s':>12s} {'measured s':>11s} {'error':>7s}")
+    for r in rows:
+        print(f"{r['workload']:36s} {r['plan']:12s} {r['predicted_s']:12.4f} {r['measured_s']:11.4f} "
+              f"{100 * r['error']:6.1f}%")
+    print(f"median error {100 * statistics.median(errs):.1f} % (target <= 5 %), max {100 * max(errs):.1f} % "
+          f"(target <= 10 %); {time.perf_counter() - t_all:.0f} s; load average {os.getloadavg()}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()

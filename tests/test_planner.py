@@ -1,0 +1,149 @@
+"""The planner: the ILP against hand-solved optima, baselines, budgets, and properties on random graphs."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autotm.budget import parse_budget
+from autotm.costmodel import CostModel, MoveCost
+from autotm.graph import Role
+from autotm.planner import InfeasibleBudget, plan
+from autotm.planner.ilp import minimum_budget
+from autotm.planner.segments import tensor_segments
+from autotm.simulate import simulate
+from autotm.validate import validate
+from test_validate import make_graph
+
+
+def cost_model(g, kernel_seconds, *, bw=1000.0, latency=0.0, async_bw=None):
+    """Moves cost latency + bytes / bw (async: async_bw)."""
+    a = async_bw or bw
+    moves = {("to_slow", "sync"): MoveCost(latency, bw), ("to_fast", "sync"): MoveCost(latency, bw),
+             ("to_slow", "async"): MoveCost(latency, a), ("to_fast", "async"): MoveCost(latency, a)}
+    return CostModel(g.fingerprint, "cpu+file", "staged", tuple(kernel_seconds), {}, moves, True)
+
+
+def chain_with_one_big_activation():
+    """k0 makes big (100 B); k2 makes a 100 B temporary that k3 reads; k5 reads big again.
+
+        kernel  0    1    2    3    4    5        small tensors s* are 1 B each
+        live   101  102  201  201  102  102      (all fast; the peak is at k2 and k3)
+        With a budget of 102, big must be out of fast memory during k2 and k3:
+          synchronous: evict before k1 (100 B / 1000 B/s = 0.1 s) + prefetch before k5 (0.1 s)
+          asynchronous with 1 s kernels: evict over k1 and prefetch over k4 hide the copies
+    """
+    sizes = [100, 1, 1, 100, 1, 1, 1]  # big, s0, s1, tmp, s3, s4, out
+    kernels = [([], [0, 1]), ([1], [2]), ([2], [3]), ([3], [4]), ([4], [5]), ([0, 5], [6])]
+    return make_graph(sizes, kernels, outputs=(6,), roles={6: Role.OUTPUT})
+
+
+def test_synchronous_optimum_by_hand():
+    g = chain_with_one_big_activation()
+    cm = cost_model(g, [1.0] * 6)
+    p = plan(g, cm, 201, "synchronous")
+    assert p.meta["predicted_seconds"] == pytest.approx(6.0)  # fits: no moves
+    p = plan(g, cm, 102, "synchronous")
+    assert p.meta["predicted_seconds"] == pytest.approx(6.0 + 0.1 + 0.1)
+    acts = {tp.id: tp.actions for tp in p.tensors}
+    assert [(a.kind, a.at, a.mode) for a in acts[0]] in (
+        [("evict", k, "sync"), ("prefetch", m, "sync")] for k in (1, 2) for m in (4, 5))
+    assert validate(p, g).peak_fast_bytes <= 102
+
+
+def test_asynchronous_hides_the_copies_under_kernels():
+    g = chain_with_one_big_activation()
+    cm = cost_model(g, [1.0] * 6)
+    p = plan(g, cm, 102, "asynchronous")
+    assert p.meta["predicted_seconds"] == pytest.approx(6.0)
+    big = next(tp for tp in p.tensors if tp.id == 0)
+    assert [(a.kind, a.at, a.mode) for a in big.actions] == [("evict", 1, "async"), ("prefetch", 4, "async")]
+    # when the async copies are slow (10 s each), synchronous moves are the better choice
+    slow = cost_model(g, [1.0] * 6, bw=1000.0, async_bw=10.0)
+    q = plan(g, slow, 102, "asynchronous")
+    assert q.meta["predicted_seconds"] == pytest.approx(6.2)
+
+
+def test_objective_equals_simulation_and_plan_validates_on_a_real_graph():
+    from autotm.workloads import capture_workload
+    from autotm.zoo import workload
+
+    g = capture_workload(workload("resnet50", "test"), fake=True)
+    ks = [max(k.flops / 20e9, k.bytes_touched / 5e9) + 2e-6 for k in g.kernels]
+    cm = cost_model(g, ks, bw=2e9, latency=50e-6)
+    for f in ("synchronous", "asynchronous"):
+        p = plan(g, cm, "4:1", f, time_limit=30, mip_gap=0.02)
+        v = validate(p, g)
+        assert v.peak_fast_bytes <= parse_budget("4:1", g.peak_live_bytes)
+        sim = simulate(p, g, cm).predicted_seconds
+        assert sim == pytest.approx(p.meta["objective_seconds"], rel=1e-3)
+        for baseline in ("first-touch", "lru"):
+            b = plan(g, cm, "4:1", baseline)
+            assert sim <= b.meta["predicted_seconds"] * (1 + 1e-6)
+
+
+def test_infeasible_budget_states_the_smallest_feasible_one():
+    g = chain_with_one_big_activation()
+    cm = cost_model(g, [1.0] * 6)
+    with pytest.raises(InfeasibleBudget) as e:
+        plan(g, cm, 50, "synchronous")
+    minimum = e.value.minimum
+    assert f"{minimum:,} bytes" in str(e.value)
+    assert minimum == 102  # k5 reads big (100) and s4 (1) and writes out (1)
+    p = plan(g, cm, minimum, "synchronous")
+    assert validate(p, g).peak_fast_bytes <= minimum
+
+
+def test_budgets_parse():
+    assert parse_budget("6GB", 0) == 6 * 10**9
+    assert parse_budget("512MiB", 0) == 512 * 2**20
+    assert parse_budget(1234, 0) == 1234
+    assert parse_budget("4:1", 1000) == 200
+    assert parse_budget("0:1", 1000) == 1000
+    assert parse_budget("1:0", 1000) == 0
+    assert parse_budget("8:1", 900) == 100
+    for bad in ("fast", "4:", "-3", "1:0:1", "0:0"):
+        with pytest.raises(ValueError):
+            parse_budget(bad, 1000)
+    with pytest.raises(ValueError, match="a budget is needed"):
+        parse_budget(None, 1000)
+
+
+@st.composite
+def random_graph_and_budget(draw):
+    n = draw(st.integers(4, 14))
+    sizes, kernels, live = [], [], []
+    for k in range(n):
+        reads = draw(st.lists(st.sampled_from(live), max_size=3, unique=True)) if live else []
+        t = len(sizes)
+        sizes.append(draw(st.integers(1, 64)) * 1024)
+        kernels.append((reads, [t]))
+        live.append(t)
+    g = make_graph(sizes, kernels, outputs=(len(sizes) - 1,), roles={len(sizes) - 1: Role.OUTPUT})
+    seconds = [draw(st.floats(1e-4, 1e-2)) for _ in range(n)]
+    need, _ = minimum_budget(g, tensor_segments(g))
+    budget = draw(st.integers(need, max(need, g.peak_live_bytes)))
+    return g, seconds, budget
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_graph_and_budget(), st.sampled_from(["synchronous", "asynchronous"]))
+def test_every_plan_validates_and_beats_the_baselines(case, formulation):
+    g, seconds, budget = case
+    cm = cost_model(g, seconds, bw=5e6, latency=1e-5, async_bw=4e6)
+    p = plan(g, cm, budget, formulation, mip_gap=1e-6, time_limit=20)
+    v = validate(p, g)
+    assert v.peak_fast_bytes <= budget
+    predicted = simulate(p, g, cm).predicted_seconds
+    assert predicted == pytest.approx(p.meta["objective_seconds"], rel=1e-3, abs=1e-9)
+    assert predicted >= sum(seconds) - 1e-9  # never faster than compute alone
+    for baseline in ("first-touch", "lru"):
+        try:
+            b = plan(g, cm, budget, baseline)
+        except InfeasibleBudget:
+            continue
+        assert validate(b, g).peak_fast_bytes <= budget
+        assert predicted <= b.meta["predicted_seconds"] * (1 + 1e-6) + 1e-9
+    if formulation == "asynchronous":
+        s = plan(g, cm, budget, "synchronous", mip_gap=1e-6, time_limit=20)
+        assert predicted <= s.meta["predicted_seconds"] * (1 + 1e-6) + 1e-9
