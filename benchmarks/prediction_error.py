@@ -32,7 +32,7 @@ from autotm.simulate import simulate
 from autotm.tiers import make_memory_system
 from autotm.zoo import workload
 
-DEFAULT_CASES = "test:resnet50,test:vgg19,test:densenet264,test:inception_v4,cpu:vgg19,cpu:resnet50"
+DEFAULT_CASES = "test:resnet50,test:vgg19,test:densenet264,test:inception_v4,test:transformer,cpu:resnet50"
 PLANS = {
     "all-fast": lambda g: all_fast_plan(g),
     "evict-sync": lambda g: evict_all_activations_plan(g, "sync"),

@@ -47,3 +47,47 @@ def test_debug_shows_the_traceback():
     r = autotm("--debug", "graph", "nosuchnet")
     assert r.returncode != 0
     assert "Traceback" in r.stderr
+
+
+def test_plan_and_run_json_on_the_real_file_tier(tmp_path):
+    cache = str(tmp_path / "profile.sqlite")
+    plan_file = tmp_path / "plan.json"
+    r = autotm("plan", "resnet50", "--memory", "cpu+file", "--budget", "4:1", "--formulation", "synchronous",
+               "--cache", cache, "-o", str(plan_file), "--json")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    for key in ("status", "predicted_seconds", "solve_seconds", "gap", "bytes_to_slow", "bytes_to_fast", "moves",
+                "budget_bytes", "simulated"):
+        assert key in s
+    assert s["simulated"] is False and s["bytes_to_slow"] > 0 and s["peak_fast_bytes"] <= s["budget_bytes"]
+    assert json.loads(plan_file.read_text())["version"] == 1
+    r = autotm("run", "resnet50", "--memory", "cpu+file", "--budget", "4:1", "--formulation", "synchronous",
+               "--cache", cache, "--iterations", "2", "--verify", "--json")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    for key in ("measured_seconds", "predicted_seconds", "peak_fast_bytes", "budget_bytes", "identical"):
+        assert key in s
+    assert s["identical"] is True
+    assert s["peak_fast_bytes"] <= s["budget_bytes"]
+
+
+def test_plan_on_hypothetical_hardware_is_labelled_simulated(tmp_path):
+    r = autotm("plan", "resnet50", "--preset", "test", "--memory", "sim:nvme", "--budget", "1:1",
+               "--formulation", "synchronous", "--cache", str(tmp_path / "c.sqlite"), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["simulated"] is True
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("plan", "resnet50", "--formulation", "synchronous"), "a budget is needed"),
+        (("plan", "resnet50", "--budget", "lots"), "not a budget"),
+        (("run", "resnet50", "--memory", "sim:nvme", "--budget", "4:1"), "hypothetical hardware"),
+        (("plan", "resnet50", "--memory", "floppy", "--budget", "4:1"), "unknown memory system"),
+    ],
+)
+def test_plan_and_run_bad_input(args, message):
+    r = autotm(*args)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr

@@ -9,6 +9,31 @@ from .errors import AutotmError, CaptureError, GraphError, ReplayError
 from .graph import Kernel, Role, Tensor, TrainingGraph, check
 from .replay import Replay, TrainingState, replay_step
 
+
+def __getattr__(name):
+    # the heavier stages load on first use, so `import autotm` stays quick
+    if name == "compile":
+        from .api import compile
+
+        return compile
+    if name == "plan_graph":
+        from .planner import plan
+
+        return plan
+    if name == "profile_graph":
+        from .profile import profile
+
+        return profile
+    if name == "simulate_plan":
+        from .simulate import simulate
+
+        return simulate
+    if name == "validate_plan":
+        from .validate import validate
+
+        return validate
+    raise AttributeError(f"module 'autotm' has no attribute {name!r}")
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -23,6 +48,11 @@ __all__ = [
     "TrainingGraph",
     "TrainingState",
     "capture",
+    "compile",
+    "plan_graph",
+    "profile_graph",
+    "simulate_plan",
+    "validate_plan",
     "check",
     "replay_step",
 ]
