@@ -206,7 +206,7 @@ CHILD = TINY_SOURCE + textwrap.dedent('''
     def progress(done, total, what):
         if not what.startswith("move"):
             print("kernel", done, total, flush=True)
-            time.sleep(0.3)
+            time.sleep(0.1)
 
     profile(g, "cpu+file", sys.argv[1], inputs=inputs, progress=progress,
             move_sizes=(65536, 1048576), move_repeats=2)

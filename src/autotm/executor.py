@@ -125,6 +125,15 @@ class RssSampler:
         self.peak = max(self.peak, rss_bytes())
 
 
+def _libc():
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc
+        return None
+
+
 def _release_freed_memory_to_os() -> None:
     """Make glibc return freed large blocks to the OS at once, so RSS follows the bytes held.
 
@@ -135,15 +144,18 @@ def _release_freed_memory_to_os() -> None:
     dynamic threshold off for good), and it costs speed: every large tensor is fresh pages
     that fault in. So the executor sets it only when it enforces a budget.
     """
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
+    libc = _libc()
+    if libc is not None:
         M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
         libc.mallopt(M_MMAP_THRESHOLD, 256 * 1024)
         libc.mallopt(M_TRIM_THRESHOLD, 1024 * 1024)
-    except OSError:  # not glibc
-        pass
+
+
+def trim_heap() -> None:
+    """Give the free memory at the top and inside glibc's heaps back to the OS (malloc_trim)."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def _const(v):
@@ -281,7 +293,8 @@ class Executor(Replay):
         self.memory = memory
         self.budget = budget_bytes if budget_bytes is not None else plan.budget_bytes
         self.validation = validate(plan, graph, budget_bytes=self.budget)
-        if trim_memory if trim_memory is not None else self.budget is not None:
+        self.trim_memory = trim_memory if trim_memory is not None else self.budget is not None
+        if self.trim_memory:
             _release_freed_memory_to_os()
         n = len(graph.kernels)
         self.initial = {tp.id: tp.initial for tp in plan.tensors}
@@ -486,6 +499,8 @@ class Executor(Replay):
         n = len(p.kernel_nodes)
         nbytes, has_moves, kernels = self.nbytes, self.has_moves, self.kernels
         cache_ctl = self._cache_ctl
+        if self.trim_memory:
+            trim_heap()  # what the caller freed since the last iteration (a model copy, a batch)
         try:
             self.place_inputs(inputs)
             for k in range(n):

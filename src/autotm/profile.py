@@ -356,20 +356,6 @@ def insitu_done(samples: list[float], before: int, iteration: int) -> bool:
     return abs(statistics.median(samples) - old) <= REL_TOL * old
 
 
-def _allocate_like_the_executor() -> None:
-    """Use the allocator settings the executor uses (glibc: large blocks in their own
-    mappings, returned at free), so a kernel's output allocation costs here what it costs
-    there. Process-wide, as in the executor."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 256 * 1024)  # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 1024 * 1024)  # M_TRIM_THRESHOLD
-    except OSError:  # not glibc
-        pass
-
-
 def synthetic_inputs(graph: TrainingGraph, seed: int = 0) -> dict[int, torch.Tensor]:
     """Stand-in values for every graph input (timing does not depend on them): small
     positive floats, zero integers (valid class indices), False booleans."""
@@ -508,7 +494,6 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
         raise ValueError(f"graph {graph.name} was captured on fake tensors: it cannot be timed on "
                          f"{memory.name}; capture it on real tensors, or profile on a sim:<spec> system")
     t_start = time.perf_counter()
-    _allocate_like_the_executor()
     db, owned = _open_cache(cache)
     try:
         stats = ProfileStats(total_kernels=len(graph.kernels), cache_path=str(db.path),

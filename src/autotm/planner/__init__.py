@@ -48,11 +48,12 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
     ms = cost_model.memory_system
     t0 = time.perf_counter()
     meta: dict = {"formulation": formulation, "pin_params": pin_params}
-    if cost_model.access == "direct" and formulation not in ("all-fast",):
+    direct = cost_model.access == "direct"
+    if direct and formulation in ("synchronous", "asynchronous", "lru"):
         raise NotImplementedError(
-            f"plans for direct-access memory systems ({ms}) are not implemented yet; use a staged system "
-            "(cpu+file, sim:nvme, sim:pcie-host)")
-    if formulation == "static" or formulation == "all-slow":
+            f"the {formulation} plan for direct-access memory systems ({ms}) is not implemented yet; "
+            "use static, first-touch or all-slow there, or a staged system (cpu+file, sim:nvme, sim:pcie-host)")
+    if not direct and formulation in ("static", "all-slow"):
         raise ValueError(f"{formulation} needs a direct-access memory system (cpu+mmap, cpu+numa, sim:optane, sim:cxl)")
 
     pinned: frozenset[int] = frozenset()
@@ -72,7 +73,20 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
     validation_budget = budget_bytes + (int(extra.max()) if extra is not None else 0)
 
     if formulation == "all-fast":
-        p = all_fast(graph, ms)
+        p = dataclasses.replace(all_fast(graph, ms), access=cost_model.access)
+    elif direct:
+        from .static import all_slow_plan, first_touch_direct_plan, solve_static
+
+        if formulation == "all-slow":
+            p = all_slow_plan(graph, cost_model)
+        elif formulation == "first-touch":
+            p = first_touch_direct_plan(graph, cost_model, validation_budget)
+        else:
+            p, stats = solve_static(graph, cost_model, budget_bytes, time_limit=time_limit, mip_gap=mip_gap,
+                                    pinned=pinned, pinned_budget_extra=extra, threads=threads, verbose=verbose)
+            meta.update(solve_seconds=stats.solve_seconds, build_seconds=stats.build_seconds, gap=stats.gap,
+                        status=stats.status, objective_seconds=stats.objective, variables=stats.variables,
+                        binaries=stats.binaries, rows=stats.rows, nonzeros=stats.nonzeros)
     elif formulation == "first-touch":
         p = first_touch_plan(graph, validation_budget, ms)
     elif formulation == "lru":
@@ -94,9 +108,9 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
                     binaries=stats.binaries, rows=stats.rows, nonzeros=stats.nonzeros,
                     capacity_rows_dropped=stats.rows_dropped, window=window,
                     warm_start=start[1] if start else None)
-    if formulation not in ("synchronous", "asynchronous"):
+    if formulation not in ("synchronous", "asynchronous", "static"):
         meta.update(solve_seconds=0.0, gap=0.0, status="baseline")
-    budget_for_plan = None if formulation == "all-fast" else validation_budget
+    budget_for_plan = None if formulation in ("all-fast", "all-slow") else validation_budget
     p = dataclasses.replace(p, budget_bytes=budget_for_plan, memory_system=ms)
     report = validate(p, graph)
     sim = simulate(p, graph, cost_model)

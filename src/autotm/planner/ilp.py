@@ -493,21 +493,23 @@ def _warm_start_vector(plan: Plan, n: int, seg_vars, start_slow, y, T, async_ter
         if not ev:
             continue
         a = ev[0]
+        # a sync evict or drop anywhere in the segment costs the same at its start, where
+        # it also frees the memory soonest (lru evicts lazily): use the start
         if a.kind == "evict":
             x[sv.wA] = 1
             col = sv.wX.get(a.at) if a.mode == "async" else sv.wS
-            if col is None or (a.mode == "sync" and a.at != seg.start):
+            if col is None:
                 return None
             x[col] = 1
         else:
-            if a.mode != "sync" or a.at != seg.start:
+            if a.mode != "sync":
                 return None
             x[sv.dA] = 1
         if seg.kind == "gap":
             pf = [b for b in acts if b.kind == "prefetch" and b.at > a.at]
             if not pf:
                 return None
-            col = sv.pX.get(pf[0].at) if pf[0].mode == "async" else (sv.pS if pf[0].at == seg.end + 1 else None)
+            col = sv.pX.get(pf[0].at) if pf[0].mode == "async" else sv.pS
             if col is None:
                 return None
             x[col] = 1

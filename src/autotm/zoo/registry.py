@@ -84,9 +84,13 @@ MIN_IMAGE: dict[str, int] = {
 # ~1.93 GiB, resnet50@224 82 MiB, resnet200@224 244 MiB, inception_v4@299
 # 165 MiB, densenet264@224 221 MiB, transformer@512 196 MiB.
 #
-# `test` and `cpu` seconds: one full training iteration (forward, backward,
-# optimizer step) measured with torch 2.13 on the 2-core CPU development
-# machine (median of 2-3 iterations after a warm-up).
+# `test` and `cpu` seconds: one warm training iteration (forward, backward,
+# optimizer step) measured with torch 2.13 on the 2-core development machine
+# while it was lightly shared (load ~1.5-2); under heavier sharing (load 4-6,
+# OpenMP threads oversubscribed) the same iterations ran 2-20x slower.  The
+# first iteration also pays for allocating gradients and optimizer state:
+# for vgg416 (580M parameters, ~7 GB resident during training) that first
+# iteration takes ~7-9 s and build_model() another ~2-4 s.
 _SIZES: dict[str, dict[str, tuple[tuple[int, int], ...]]] = {
     # Smallest sizes that train sanely.  BatchNorm in training mode over a 1x1
     # last stage with batch 2 sees 2 values per channel and the first gradients
@@ -95,22 +99,22 @@ _SIZES: dict[str, dict[str, tuple[tuple[int, int], ...]]] = {
     # layer4 / block 4; Inception-v4 107: 2x2 at the Inception-C blocks; the
     # architectures themselves accept 32 / 32 / 75).
     "test": {
-        "vgg19": ((16, 32),),  # the artifact's test_vgg batch; TEST_vgg19
-        "vgg416": ((1, 32),),  # no BN, so batch 1; TEST_vgg416
-        "resnet50": ((2, 64),),  # TEST_resnet50
-        "resnet200": ((2, 64),),  # TEST_resnet200
-        "inception_v4": ((2, 107),),  # TEST_inception_v4
-        "densenet264": ((2, 64),),  # TEST_densenet264
-        "transformer": ((2, 16),),  # full N=8, d=512 config; TEST_transformer
+        "vgg19": ((16, 32),),  # the artifact's test_vgg batch; 0.5 s
+        "vgg416": ((1, 32),),  # no BN, so batch 1; 1.5-1.9 s warm (see note above)
+        "resnet50": ((2, 64),),  # 0.12 s
+        "resnet200": ((2, 64),),  # 0.3 s
+        "inception_v4": ((2, 107),),  # 0.23 s
+        "densenet264": ((2, 64),),  # 0.19 s
+        "transformer": ((2, 16),),  # full N=8, d=512 config; 0.17-0.45 s
     },
     "cpu": {
-        "vgg19": ((8, 224),),  # CPU_vgg19
-        "vgg416": ((2, 64),),  # CPU_vgg416
-        "resnet50": ((16, 224),),  # CPU_resnet50
-        "resnet200": ((8, 224),),  # CPU_resnet200
-        "inception_v4": ((8, 299),),  # CPU_inception_v4
-        "densenet264": ((8, 224),),  # CPU_densenet264
-        "transformer": ((8, 256),),  # CPU_transformer
+        "vgg19": ((8, 224),),  # 3.7-4.3 s
+        "vgg416": ((2, 64),),  # ~3 s warm (see note above)
+        "resnet50": ((16, 224),),  # 2.0-2.4 s
+        "resnet200": ((8, 224),),  # 3.5-3.9 s
+        "inception_v4": ((8, 299),),  # 2.9 s
+        "densenet264": ((8, 224),),  # 1.7 s
+        "transformer": ((8, 256),),  # 1.8-2.6 s
     },
     "conventional": {
         "vgg19": ((2048, 224),),  # paper; ~150 GiB

@@ -1,0 +1,82 @@
+"""Measured iteration time of every planner on the real cpu+file tier, relative to all-fast.
+
+For each `cpu` preset model: capture, profile on cpu+file (cached), then at each ratio
+plan with all-fast, first-touch, lru, synchronous and asynchronous and execute each plan
+for a few iterations, all in one run. Prints seconds, the ratio to all-fast measured in
+the same run, and the summary the planner issue asks for: the geometric mean of
+asynchronous / all-fast, and asynchronous versus first-touch and lru at 4:1 and 8:1.
+
+    python benchmarks/planner_speedup.py [--models resnet50,inception_v4] [--ratios 1:1,4:1,8:1]
+                                         [--iterations 3] [--pin-params] [--cache FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from autotm.api import run_workload
+from autotm.planner import InfeasibleBudget, plan
+from autotm.profile import profile_workload
+from autotm.tiers import make_memory_system
+from autotm.zoo import workload
+
+PLANNERS = ("all-fast", "first-touch", "lru", "synchronous", "asynchronous")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="vgg19,resnet50,resnet200,inception_v4,densenet264,transformer")
+    ap.add_argument("--preset", default="cpu")
+    ap.add_argument("--ratios", default="1:1,4:1,8:1")
+    ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--pin-params", action="store_true")
+    ap.add_argument("--cache", default=None)
+    ap.add_argument("--time-limit", type=float, default=60.0)
+    args = ap.parse_args()
+    rows = []
+    print(f"{'model':<34} {'ratio':>5} {'planner':<13} {'measured s':>10} {'/all-fast':>9} {'predicted s':>11} {'moved MiB':>9}",
+          flush=True)
+    with make_memory_system("cpu+file") as ms:
+        for name in args.models.split(","):
+            w = workload(name, args.preset)
+            graph, cm, _ = profile_workload(w, "cpu+file", args.cache)
+            fast = run_workload(w, graph, cm, plan(graph, cm, None, "all-fast"), ms, iterations=args.iterations)
+            t_fast = fast.report.measured_seconds
+            for ratio in args.ratios.split(","):
+                for planner in PLANNERS:
+                    try:
+                        if planner == "all-fast":
+                            r, p = fast, fast.plan
+                        else:
+                            p = plan(graph, cm, ratio, planner, pin_params=args.pin_params, time_limit=args.time_limit)
+                            r = run_workload(w, graph, cm, p, ms, iterations=args.iterations)
+                    except InfeasibleBudget as e:
+                        print(f"{w.name:<34} {ratio:>5} {planner:<13} infeasible: smallest budget {e.minimum / 2**20:.0f} MiB",
+                              flush=True)
+                        rows.append((w.name, ratio, planner, math.nan))
+                        continue
+                    t = r.report.measured_seconds
+                    rows.append((w.name, ratio, planner, t / t_fast))
+                    moved = (r.report.bytes_to_slow + r.report.bytes_to_fast) / 2**20
+                    print(f"{w.name:<34} {ratio:>5} {planner:<13} {t:>10.3f} {t / t_fast:>9.2f} "
+                          f"{p.meta['predicted_seconds']:>11.3f} {moved:>9.0f}", flush=True)
+
+    def cells(planner, ratios=None):
+        return {(m, r): v for m, r, p, v in rows if p == planner and (ratios is None or r in ratios) and not math.isnan(v)}
+
+    a = cells("asynchronous")
+    if a:
+        gm = math.exp(sum(math.log(v) for v in a.values()) / len(a))
+        print(f"\nasynchronous / all-fast, geometric mean over {len(a)} feasible cells: {gm:.3f} (target <= 1.25)")
+    for base in ("first-touch", "lru"):
+        b = cells(base, ("4:1", "8:1"))
+        both = [k for k in b if k in a]
+        if both:
+            gm = math.exp(sum(math.log(b[k] / a[k]) for k in both) / len(both))
+            worst = min(b[k] / a[k] for k in both)
+            print(f"{base} / asynchronous at 4:1 and 8:1: geometric mean {gm:.2f}x, worst {worst:.2f}x (target >= 2)")
+
+
+if __name__ == "__main__":
+    main()

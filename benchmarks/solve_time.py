@@ -1,0 +1,60 @@
+"""Solve time and gap of the ILP on the conventional networks (fake-captured, sim: cost model).
+
+For each network: capture on fake tensors (nothing allocated), cost model from a tier spec
+(default sim:nvme, a staged system), then the synchronous and asynchronous formulations at
+4:1 with a 60 s limit and a 1 % gap target. Prints one row per (network, formulation),
+and the first-touch and lru baselines' predicted times from the same cost model as a
+reference point (ratio = ILP / baseline, lower is better).
+
+    python benchmarks/solve_time.py [--spec sim:nvme] [--ratio 4:1] [--models vgg19,resnet200,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from autotm.planner import plan
+from autotm.profile import profile
+from autotm.workloads import capture_workload
+from autotm.zoo import workload
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--spec", default="sim:nvme")
+    ap.add_argument("--ratio", default="4:1")
+    ap.add_argument("--models", default="vgg19,resnet200,inception_v4,densenet264")
+    ap.add_argument("--time-limit", type=float, default=60.0)
+    ap.add_argument("--window", type=int, default=15)
+    args = ap.parse_args()
+    print(f"{'network':<36} {'formulation':<13} {'kernels':>7} {'vars':>7} {'rows':>7} {'nnz':>9} "
+          f"{'build s':>7} {'solve s':>7} {'gap %':>6} {'pred s':>9} {'vs lru':>7} {'vs f-t':>7}")
+    for name in args.models.split(","):
+        w = workload(name, "conventional")
+        t0 = time.perf_counter()
+        g = capture_workload(w, fake=True)
+        cm = profile(g, args.spec)
+        base = {}
+        for b in ("lru", "first-touch"):
+            try:
+                base[b] = plan(g, cm, args.ratio, b).meta["predicted_seconds"]
+            except Exception as e:  # infeasible budget
+                base[b] = float("nan")
+                print(f"  {b}: {e}")
+        for f in ("synchronous", "asynchronous"):
+            try:
+                p = plan(g, cm, args.ratio, f, time_limit=args.time_limit, window=args.window)
+            except Exception as e:
+                print(f"{w.name:<36} {f:<13} {type(e).__name__}: {e}")
+                continue
+            m = p.meta
+            print(f"{w.name:<36} {f:<13} {len(g.kernels):>7} {m['variables']:>7} {m['rows']:>7} {m['nonzeros']:>9} "
+                  f"{m['build_seconds']:>7.1f} {m['solve_seconds']:>7.1f} {100 * m['gap']:>6.2f} "
+                  f"{m['predicted_seconds']:>9.2f} {m['predicted_seconds'] / base['lru']:>7.3f} "
+                  f"{m['predicted_seconds'] / base['first-touch']:>7.3f}", flush=True)
+        print(f"  (capture + profile + plans: {time.perf_counter() - t0:.0f} s; simulated on {args.spec})", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""The AutoTM static formulation for direct-access memory systems, and direct baselines.
+
+Under direct access a kernel may read and write slow memory in place, at a cost the
+profiler measured per placement of its operands. The static formulation gives each
+tensor one tier for its whole life (no moves).
+
+  Variables
+    z[t]    binary: tensor t lives in slow memory (it is produced there, or starts there)
+    v[k,c]  binary: kernel k runs with its operands placed as c (a profiled placement)
+
+  Constraints
+    config:     sum_c v[k,c] = 1
+                v[k,c] <= z[t]       for each operand t that c places in slow memory
+                v[k,c] <= 1 - z[t]   for each operand t that c places in fast memory
+    steady:     z[out] = z[in]       for the state carried between iterations
+    capacity:   sum_{t live at k} s_t (1 - z[t]) <= B                         for every kernel k
+
+  Objective (what autotm.simulate computes for the plan)
+    min  sum_k sum_c time(k, c) v[k,c]
+  For a kernel whose placements were not all profiled, time is additive as in
+  CostModel.kernel_time: T_k + sum_t (time(k, t slow) - T_k) z[t].
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import numpy as np
+
+from ..costmodel import CostModel, operand_tensors
+from ..graph import Role, TrainingGraph
+from ..plan import Plan, TensorPlan
+from .ilp import SCALE, ILPStats, InfeasibleBudget, _Rows, _run, _Vars, _quiet_highs
+from .segments import carried_pairs
+
+FIXED_FAST = (Role.INPUT, Role.SCALAR, Role.CONSTANT, Role.OUTPUT)
+
+
+def _direct_plan(graph: TrainingGraph, cost: CostModel, budget, planner: str, slow: set[int]) -> Plan:
+    tensors = tuple(TensorPlan(t.id, "slow" if t.id in slow else "fast", ()) for t in graph.tensors)
+    return Plan(version=1, graph_name=graph.name, graph_fingerprint=graph.fingerprint, memory_system=cost.memory_system,
+                access="direct", budget_bytes=None if budget is None else int(budget), planner=planner,
+                tensors=tensors, meta={})
+
+
+def movable(graph: TrainingGraph, pinned: frozenset[int] = frozenset()) -> list[int]:
+    return [t.id for t in graph.tensors if t.role not in FIXED_FAST and t.id not in pinned and t.nbytes > 0]
+
+
+def all_slow_plan(graph: TrainingGraph, cost: CostModel) -> Plan:
+    """Every tensor that may live in slow memory does (the batch and the loss stay fast)."""
+    return _direct_plan(graph, cost, None, "all-slow", set(movable(graph)))
+
+
+def first_touch_direct_plan(graph: TrainingGraph, cost: CostModel, budget: int) -> Plan:
+    """Fast memory while it has room when a tensor is created, otherwise slow for life."""
+    n = len(graph.kernels)
+    home = np.zeros(n + 1, dtype=np.int64)
+    slow = set()
+    can_move = set(movable(graph))
+    # tensors that must be fast take their room first, then first come, first served
+    for t in sorted(graph.tensors, key=lambda t: (t.live[0], t.id in can_move, t.id)):
+        a, b = t.live
+        if t.id in can_move and home[a] + t.nbytes > budget:
+            slow.add(t.id)
+        else:
+            home[a:b + 1] += t.nbytes
+    # (no steady-state fix-up: like the OS, first-touch knows nothing of the next iteration;
+    # an updated weight placed elsewhere than its input is moved back after the last kernel)
+    if int(home[:n].max(initial=0)) > budget:
+        k = int(home[:n].argmax())
+        raise InfeasibleBudget(budget, int(home[k]), f"kernel {k} ({graph.kernels[k].op}) with tensors that must stay fast")
+    return _direct_plan(graph, cost, budget, "first-touch", slow)
+
+
+def solve_static(graph: TrainingGraph, cost: CostModel, budget: int, *, time_limit: float = 60.0,
+                 mip_gap: float = 0.01, pinned: frozenset[int] = frozenset(), pinned_budget_extra=None,
+                 threads: int | None = None, verbose: bool = False) -> tuple[Plan, ILPStats]:
+    import highspy
+
+    t0 = time.perf_counter()
+    n = len(graph.kernels)
+    extra = pinned_budget_extra if pinned_budget_extra is not None else np.zeros(n, dtype=np.int64)
+    can = movable(graph, pinned)
+    fixed = np.asarray(graph.live_bytes, dtype=np.float64).copy()
+    for tid in can:
+        a, b = graph.tensors[tid].live
+        fixed[a:b + 1] -= graph.tensors[tid].nbytes
+    k_need = int(np.argmax(fixed - extra))
+    if fixed[k_need] > budget + extra[k_need]:
+        raise InfeasibleBudget(budget, int(fixed[k_need] - extra[k_need]),
+                               f"kernel {k_need} ({graph.kernels[k_need].op}) with tensors that must stay fast")
+    V, R = _Vars(), _Rows()
+    z = {tid: int(c) for tid, c in zip(can, V.add(len(can)))}
+    # steady state: z[out] = z[in]
+    for out, inp in carried_pairs(graph).items():
+        if out in z and inp in z:
+            R.add("steady state", [z[out], z[inp]], [1.0, -1.0], 0.0, 0.0)
+    constant = 0.0
+    for k in range(n):
+        kern = graph.kernels[k]
+        ops = operand_tensors(kern.inputs, kern.outputs)
+        free = [i for i, t in enumerate(ops) if t in z]
+        base = cost.kernel_time(k)
+        if not free:
+            constant += base
+            continue
+        table = cost.placement_seconds.get(k, {})
+        combos = []
+        for bits in itertools.product(("fast", "slow"), repeat=len(free)):
+            c = ["fast"] * len(ops)
+            for i, b in zip(free, bits):
+                c[i] = b
+            combos.append(tuple(c))
+        if all(c in table or "slow" not in c for c in combos):
+            vs = V.add(len(combos), cost=[table.get(c, base) if "slow" in c else base for c in combos])
+            R.add("config", list(vs), [1.0] * len(vs), 1.0, 1.0)
+            for col, c in zip(vs, combos):
+                for i in free:
+                    if c[i] == "slow":
+                        R.add("config", [int(col), z[ops[i]]], [1.0, -1.0], -np.inf, 0.0)
+                    else:
+                        R.add("config", [int(col), z[ops[i]]], [1.0, 1.0], -np.inf, 1.0)
+        else:  # additive, as CostModel.kernel_time does for partially profiled kernels
+            constant += base
+            for i in free:
+                one = tuple("slow" if j == i else "fast" for j in range(len(ops)))
+                delta = table.get(one, base) - base
+                _add_cost(V, z[ops[i]], delta)
+    # capacity: -sum s_t z[t] <= B - live_bytes[k]
+    rows, cols, vals = [], [], []
+    for tid in can:
+        a, b = graph.tensors[tid].live
+        ks = np.arange(a, b + 1)
+        rows.append(ks)
+        cols.append(np.full(len(ks), z[tid]))
+        vals.append(np.full(len(ks), -graph.tensors[tid].nbytes / SCALE))
+    if rows:
+        rows_a, cols_a, vals_a = np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
+        rhs = (budget + extra - np.asarray(graph.live_bytes, dtype=np.float64)) / SCALE
+        used = np.unique(rows_a)
+        local = np.full(n, -1)
+        local[used] = np.arange(len(used))
+        R.add_block("capacity", local[rows_a], cols_a, vals_a, np.full(len(used), -np.inf), rhs[used])
+    stats = ILPStats(variables=V.n)
+    h = _quiet_highs(highspy)
+    h.setOptionValue("output_flag", bool(verbose))
+    h.setOptionValue("time_limit", float(time_limit))
+    h.setOptionValue("mip_rel_gap", float(mip_gap))
+    if threads:
+        h.setOptionValue("threads", int(threads))
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = V.n, R.n
+    lp.col_cost_ = np.concatenate(V.cost)
+    lp.col_lower_ = np.concatenate(V.lower)
+    lp.col_upper_ = np.concatenate(V.upper)
+    lp.row_lower_ = np.asarray(R.lo, dtype=float)
+    lp.row_upper_ = np.asarray(R.hi, dtype=float)
+    lp.offset_ = constant
+    lp.integrality_ = [highspy.HighsVarType.kInteger] * V.n
+    r = np.concatenate(R.r)
+    c = np.concatenate(R.c)
+    v = np.concatenate(R.v)
+    order = np.lexsort((c, r))
+    r, c, v = r[order], c[order], v[order]
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = V.n, R.n
+    lp.a_matrix_.start_ = np.searchsorted(r, np.arange(R.n + 1)).astype(np.int32)
+    lp.a_matrix_.index_ = c.astype(np.int32)
+    lp.a_matrix_.value_ = v
+    h.passModel(lp)
+    stats.binaries, stats.rows, stats.nonzeros = V.n, R.n, len(v)
+    stats.build_seconds = time.perf_counter() - t0
+    x, info, status = _run(h, highspy, None, time_limit, stats)
+    stats.status = h.modelStatusToString(status)
+    if x is None:
+        if status in (highspy.HighsModelStatus.kTimeLimit, highspy.HighsModelStatus.kInterrupt):
+            raise TimeoutError(f"the solver found no plan within {time_limit:.0f} s; raise the time limit")
+        raise InfeasibleBudget(budget, int(fixed[k_need]), f"kernel {k_need} ({graph.kernels[k_need].op})")
+    obj = float(lp.col_cost_ @ x + constant)
+    bound = info.mip_dual_bound if np.isfinite(info.mip_dual_bound) else obj
+    stats.objective, stats.gap = obj, max(0.0, (obj - bound) / max(abs(obj), 1e-12))
+    slow = {tid for tid, col in z.items() if x[col] > 0.5}
+    return _direct_plan(graph, cost, budget, "static", slow), stats
+
+
+def _add_cost(V: _Vars, col: int, delta: float) -> None:
+    """Add `delta` to the objective coefficient of column `col`."""
+    start = 0
+    for block in V.cost:
+        if col < start + len(block):
+            block[col - start] += delta
+            return
+        start += len(block)
