@@ -29,8 +29,6 @@ MODELS = ("vgg19", "vgg416", "resnet50", "resnet200", "inception_v4", "densenet2
 
 
 def one(model: str, preset: str, iterations: int, plans: list[str]) -> dict:
-    import torch
-
     from autotm.capture import capture
     from autotm.executor import ExecutorSession
     from autotm.plan import all_fast_plan, evict_all_activations_plan

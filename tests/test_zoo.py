@@ -36,6 +36,17 @@ PARAMS = {
 }
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():  # type: ignore[no-untyped-def]
+    # The development machine has 2 cores shared with other jobs.  When it is
+    # oversubscribed, 2 OpenMP threads per op turn a 0.4 s training step into
+    # ~40 s (threads wait at barriers for descheduled peers); 1 thread is immune.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 def n_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 

@@ -9,6 +9,20 @@ budget is enforced by the runtime, not promised by the planner.
 Between iterations, the weights, buffers and optimizer state are carried in the tier
 their graph input starts in: an updated value whose input starts slow is written to slow
 memory after the last kernel (a "carry" move, timed as part of the iteration).
+
+Kernels run from argument builders compiled once per executor (no fx map_arg walk per
+call); a pointwise kernel whose input dies at it writes its output into that input's
+storage, as the replay interpreter does (torch.optim's in-place updates).
+
+Failures: on any exception, KeyboardInterrupt included, the iteration waits for its moves
+in flight and frees every slow copy it made before the exception propagates;
+ExecutorSession then frees the carried state and refuses to report.
+
+Process memory (RSS) with a budget: peak RSS <= budget + the process's RSS before any
+tensor of the iteration exists + a constant (benchmarks/rss_overhead.py states and
+measures it). The executor keeps to it by having glibc give large freed blocks back at
+once, trimming glibc's heaps each TRIM_EVERY_BYTES it frees, and counting the tier's idle
+read buffers against the budget.
 """
 
 from __future__ import annotations
@@ -158,6 +172,14 @@ def trim_heap() -> None:
         libc.malloc_trim(0)
 
 
+TRIM_EVERY_BYTES = 32 << 20
+"""With trim_memory, glibc's heaps are trimmed each time the executor has freed this much.
+
+Large blocks come from their own mappings only when no free hole in the heap fits them:
+holes left by earlier frees (the caller's model copy, capture) are reused, and once
+touched stay resident after they are freed again. malloc_trim gives them back."""
+
+
 def _const(v):
     return lambda: v
 
@@ -276,11 +298,13 @@ class Executor(Replay):
     The plan is validated first; a plan the validator rejects never runs.
 
     With a budget (given, or the plan's), the runtime also keeps the process's memory
-    honest: glibc returns freed tensors to the OS at once (see
-    `_release_freed_memory_to_os`; `trim_memory` overrides), and idle read buffers a
+    honest (`trim_memory`, default: whether there is a budget): glibc returns freed
+    tensors to the OS at once (`_release_freed_memory_to_os`), the heaps are trimmed at
+    the start of each iteration and each TRIM_EVERY_BYTES freed, and idle read buffers a
     memory system recycles (cpu+file's cache) count against the budget: before each
-    kernel, if the bytes the executor will hold at that kernel plus the idle cache would
-    pass the budget, the cache is released.
+    kernel, if the bytes the plan holds at that kernel plus the idle cache would pass the
+    budget, the cache is released. Without a budget none of this is done (it costs page
+    faults), and the executor allocates as eager PyTorch does.
     """
 
     def __init__(self, graph: TrainingGraph, plan: Plan, memory: MemorySystem, *, budget_bytes: int | None = None,
@@ -294,6 +318,7 @@ class Executor(Replay):
         self.budget = budget_bytes if budget_bytes is not None else plan.budget_bytes
         self.validation = validate(plan, graph, budget_bytes=self.budget)
         self.trim_memory = trim_memory if trim_memory is not None else self.budget is not None
+        self.trim_every = TRIM_EVERY_BYTES
         if self.trim_memory:
             _release_freed_memory_to_os()
         n = len(graph.kernels)
@@ -345,6 +370,7 @@ class Executor(Replay):
         self.moves: list[MoveRecord] = []
         self.kernel_times = np.zeros(len(self.graph.kernels))
         self._pending: list[tuple[int, Action, object, float]] = []
+        self.freed_since_trim = 0
 
     def _hold_fast(self, tid: int, value: torch.Tensor, k: int) -> None:
         self.env[tid] = value
@@ -357,6 +383,7 @@ class Executor(Replay):
         if tid in self.fast:
             self.fast.remove(tid)
             self.fast_bytes -= self.nbytes[tid]
+            self.freed_since_trim += self.nbytes[tid]
         self.env.pop(tid, None)
 
     def _check_budget(self, k: int) -> None:
@@ -499,6 +526,7 @@ class Executor(Replay):
         n = len(p.kernel_nodes)
         nbytes, has_moves, kernels = self.nbytes, self.has_moves, self.kernels
         cache_ctl = self._cache_ctl
+        trim_every = self.trim_every if self.trim_memory else float("inf")
         if self.trim_memory:
             trim_heap()  # what the caller freed since the last iteration (a model copy, a batch)
         try:
@@ -525,6 +553,9 @@ class Executor(Replay):
                         # plan, so outside the budget account from its planned death on
                         self.fast.remove(tid)
                         self.fast_bytes -= nbytes[tid]
+                if self.freed_since_trim >= trim_every:
+                    trim_heap()
+                    self.freed_since_trim = 0
             out: dict[int, torch.Tensor | SlowHandle] = {}
             slow_inputs = {key for key, tid in p.input_keys if self.initial.get(tid) == "slow"}
             for key, tid in p.output_keys.items():
@@ -542,6 +573,8 @@ class Executor(Replay):
             for tid in keep:
                 if tid in self.env:
                     out[tid] = self.env[tid]
+                elif tid in self.slow:  # kept for inspection, last seen in slow memory
+                    out[tid] = self.memory.to_fast(self.slow[tid])
             self.slow = {t: h for t, h in self.slow.items() if t not in self._borrowed}
             return out
         except BaseException:

@@ -7,16 +7,24 @@ then never again (the result is cached).
 
 Timing rule, in situ (the all-fast time of every kernel, any access model):
 - warm-up: the first time a signature is met in this process, one untimed functional call
-  (lazy initialization, e.g. oneDNN primitives, is not counted);
-- a sample is the time from the start of the replay's own call of the kernel (operand
-  materialization included: views are re-derived from storages, as the executor does) to
-  the start of the next kernel (so the interpreter's work after it, freeing the tensors
-  that die there, is included). Every occurrence of a signature gives one sample; the
+  (lazy initialization, e.g. oneDNN primitives, is not counted), and that occurrence gives
+  no sample (the warm-up left its operands in the CPU caches, which the iteration would not);
+- a sample is the time of the replay's own call of the kernel (operand materialization
+  included: views are re-derived from storages, as the executor does). Every occurrence
+  of a signature gives one sample; the
   replay is repeated (up to `MAX_ITERATIONS` iterations, each stopped after the last kernel
   that still needs samples) until every signature is final (`insitu_done`): at least
-  `MIN_SAMPLES` samples whose median moved by at most `REL_TOL` with the last ones, or
-  `LONG_KERNEL_S` of samples (a long kernel: the timer's error is negligible), or
-  `MAX_SAMPLES`. The result is the median.
+  `MIN_SAMPLES` samples and a stable estimate (moved by at most `REL_TOL` by the last
+  iteration), or `LONG_KERNEL_S` of samples (a long kernel: the timer's error is
+  negligible), or `MAX_SAMPLES`. The estimate (`insitu_estimate`) is the median over
+  iterations of the mean over the signature's occurrences in each iteration: occurrences
+  at different places differ systematically (cache state), so they are averaged, and
+  repeats (iterations) are reduced by the median.
+- the interpreter's work after kernel k until the next kernel starts (freeing the tensors
+  that die at k: returning large blocks to the OS is not free) depends on the position,
+  not the signature: it is sampled per position in the same iterations (at least one
+  full iteration per graph), cached per graph, and its median is added to
+  ``kernel_seconds[k]``.
 
 Timing rule, repeated (direct access: each placement of the operands; `time_call`): the
 first call is a warm-up and sets the batch size: a call shorter than `MIN_BATCH_S` (too
@@ -31,7 +39,7 @@ does). The calls are functional (`node.target(*args)`), never the replay's in-pl
 path, so repeating a kernel changes nothing; the RNG state is restored around warm-up and
 repeated calls so random kernels (dropout) produce the values the replay would.
 
-Moves: sync and async seconds of `to_slow` and `to_fast` over sizes 64 KiB .. 64 MiB,
+Moves: sync and async seconds of `to_slow` and `to_fast` over sizes 4 KiB .. 64 MiB,
 fitted per direction and mode as latency + bytes / bandwidth (least squares on relative
 error, both coefficients non-negative).
 
@@ -78,7 +86,7 @@ MAX_ITERATIONS = 4  # in-situ sampling: replay iterations at most
 LONG_KERNEL_S = 0.25  # in-situ sampling: this much sampled time of a kernel is enough
 
 # ---- moves -------------------------------------------------------------------------------
-MOVE_SIZES = tuple(64 * 1024 * 4 ** i for i in range(6))  # 64 KiB .. 64 MiB
+MOVE_SIZES = tuple(4096 * 4 ** i for i in range(8))  # 4 KiB .. 64 MiB
 MOVE_REPEATS = 3
 
 # Direct access: kernels with at most this many unique operands get every placement;
@@ -99,11 +107,12 @@ class ProfileStats:
     seconds: float = 0.0
     cache_path: str = ""
     cache_rebuilt: str | None = None
+    iterations: int = 0  # in-situ replay iterations run
     simulated_from: str | None = None  # the tier spec of a sim:<spec> cost model
 
     @property
     def nothing_new(self) -> bool:
-        return self.measured == 0 and self.move_samples_measured == 0
+        return self.measured == 0 and self.move_samples_measured == 0 and self.iterations == 0
 
     def message(self) -> str:
         if self.simulated_from:
@@ -112,7 +121,8 @@ class ProfileStats:
             return (f"nothing new measured: {self.cache_hits} kernel timings and "
                     f"{self.move_samples_cached} move samples from the cache")
         return (f"measured {self.measured} kernel timings and {self.move_samples_measured} move samples "
-                f"({self.cache_hits} kernel timings from the cache) in {self.seconds:.1f} s")
+                f"in {self.iterations} replay iterations ({self.cache_hits} kernel timings from the cache) "
+                f"in {self.seconds:.1f} s")
 
 
 # ------------------------------------------------------------------------------ environment
@@ -219,18 +229,17 @@ class ProfilingReplay(Replay):
     """Runs iterations of the graph and times kernels where they run.
 
     - In situ (every access model): each kernel whose signature still needs samples is
-      timed where it runs, from the start of the replay's own call (materialization of
-      its operands included) to the start of the next kernel (so the interpreter's work
-      after it, freeing the tensors that die there, is included); the first call of a
-      signature in this process is preceded by an untimed warm-up call.
-      `samples[signature]` collects them.
+      timed where it runs (the replay's own call, materialization of its operands
+      included); the first call of a signature in this process is preceded by an untimed
+      warm-up call and gives no sample. `samples[signature]` collects them; the time from
+      the end of kernel k to the start of the next goes to `position_samples[k]`.
     - Repeated (direct access): `batch_jobs[k]` lists placements timed with `time_call`
       on the real operands the first time kernel k is met (slow operands moved there for
       the timing); `record(k, key, seconds, n)` stores each result.
     """
 
     def __init__(self, graph: TrainingGraph, memory, batch_jobs: dict[int, list[tuple]], record: Callable,
-                 need: set[str], samples: dict[str, list[float]]):
+                 need: set[str], samples: dict[str, list[list[float]]]):
         super().__init__(graph)
         self.memory = memory
         self.batch_jobs = batch_jobs  # kernel index -> [(placement or None, cache placement key)]
@@ -239,8 +248,12 @@ class ProfilingReplay(Replay):
         self.samples = samples
         self.warm: set[str] = set()
         self._override: dict[int, torch.Tensor] = {}
-        self._open: tuple[str, float] | None = None
+        self._open: tuple[int, float] | None = None
         self.last_needed = len(graph.kernels) - 1
+        self.position_samples: list[list[float]] = [[] for _ in graph.kernels]
+        self.iteration = -1
+        self._group: dict[str, int] = {}
+        self.full = False  # run the whole iteration (position samples are missing)
 
     def storage_value(self, tid: int) -> torch.Tensor:
         v = self._override.get(tid)
@@ -261,15 +274,27 @@ class ProfilingReplay(Replay):
             node.target(*fx.node.map_arg(node.args, self.materialize),
                         **fx.node.map_arg(node.kwargs, self.materialize))
             torch.set_rng_state(rng)
-        # the sample runs from here to the start of the next kernel: the call and the
-        # interpreter's work after it (freeing the tensors that die here)
-        self._open = (sig, time.perf_counter())
+            # no sample right after the warm-up: it left the operands in the CPU caches
+            super().run_kernel(k)
+            return
+        t0 = time.perf_counter()
         super().run_kernel(k)
+        dt = time.perf_counter() - t0
+        groups = self.samples.setdefault(sig, [])
+        if self._group.get(sig) != self.iteration:  # one group of samples per iteration
+            self._group[sig] = self.iteration
+            groups.append([])
+        groups[-1].append(dt)
+
+    def after_kernel(self, k: int) -> None:
+        # from here to the start of the next kernel: the interpreter's work after kernel k
+        # (freeing the tensors that die there), a cost of the position, not the signature
+        self._open = (k, time.perf_counter())
 
     def _close(self) -> None:
         if self._open is not None:
-            sig, t0 = self._open
-            self.samples.setdefault(sig, []).append(time.perf_counter() - t0)
+            k, t0 = self._open
+            self.position_samples[k].append(time.perf_counter() - t0)
             self._open = None
 
     def before_kernel(self, k: int) -> None:
@@ -279,9 +304,10 @@ class ProfilingReplay(Replay):
 
     def run(self, inputs, keep=()):
         """One iteration, up to the last kernel that still needs timing."""
+        self.iteration += 1
         ks = self.graph.kernels
-        self.last_needed = max([k for k in range(len(ks)) if ks[k].signature in self.need]
-                               + list(self.batch_jobs) + [-1])
+        self.last_needed = len(ks) - 1 if self.full else max(
+            [k for k in range(len(ks)) if ks[k].signature in self.need] + list(self.batch_jobs) + [-1])
         self._open = None
         try:
             return super().run(inputs, keep)
@@ -340,20 +366,38 @@ class ProfilingReplay(Replay):
             torch.set_rng_state(rng)
 
 
-def insitu_done(samples: list[float], before: int, iteration: int) -> bool:
-    """The in-situ rule: done with MIN_SAMPLES samples whose median is stable (adding the
-    last iteration's samples, or the last sample, moved it by at most REL_TOL); or with
-    LONG_KERNEL_S of samples (a long kernel: the timer's error is negligible and one
-    sample after the warm-up will do); or at MAX_SAMPLES or MAX_ITERATIONS."""
-    n = len(samples)
+def insitu_estimate(groups: list[list[float]]) -> float:
+    """Seconds of a signature from its in-situ samples, one group per iteration: the median
+    over iterations of the mean over the signature's occurrences in that iteration.
+
+    (Occurrences of one signature at different places in the iteration are not repeats of
+    one measurement: their operands are in different cache states, so they differ
+    systematically. The mean over occurrences makes count x estimate their total; the
+    median over iterations rejects iterations disturbed by other work on the machine.)
+    """
+    means = [statistics.fmean(g) for g in groups if g]
+    return statistics.median(means)
+
+
+def insitu_done(groups: list[list[float]], before: int, iteration: int) -> bool:
+    """The in-situ rule. `groups`: samples per iteration; `before`: how many groups there
+    were before the last iteration. Done with at least MIN_SAMPLES samples and a stable
+    estimate (the last iteration moved it by at most REL_TOL; one iteration with
+    MIN_SAMPLES occurrences is taken as stable); or with LONG_KERNEL_S of samples (a long
+    kernel: the timer's error is negligible, one sample after the warm-up will do); or
+    at MAX_SAMPLES samples or MAX_ITERATIONS iterations."""
+    n = sum(len(g) for g in groups)
     if n == 0:
         return False
-    if n >= MAX_SAMPLES or iteration + 1 >= MAX_ITERATIONS or sum(samples) >= LONG_KERNEL_S:
+    if n >= MAX_SAMPLES or iteration + 1 >= MAX_ITERATIONS or sum(map(sum, groups)) >= LONG_KERNEL_S:
         return True
     if n < MIN_SAMPLES:
         return False
-    old = statistics.median(samples[:before] if before else samples[:-1])
-    return abs(statistics.median(samples) - old) <= REL_TOL * old
+    full = [g for g in groups if g]
+    if len(full) == 1:
+        return True
+    old = insitu_estimate(full[:-1])
+    return abs(insitu_estimate(full) - old) <= REL_TOL * old
 
 
 def synthetic_inputs(graph: TrainingGraph, seed: int = 0) -> dict[int, torch.Tensor]:
@@ -550,15 +594,20 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
         if progress is not None:
             progress(done[0], total, "moves")
 
-        if need or batch_jobs:
+        pos = None if recache else db.position_samples(env, graph.fingerprint)
+        pos_missing = pos is None or len(pos) != len(graph.kernels) or not all(pos)
+        if need or batch_jobs or pos_missing:
             if inputs is None:
                 inputs = synthetic_inputs(graph)
             samples = {sig: list(pending[sig][0]) for sig in need if sig in pending}
             iters = {sig: pending[sig][1] for sig in need if sig in pending}
             interp = ProfilingReplay(graph, memory, batch_jobs, record, need, samples)
+            if not pos_missing:
+                interp.position_samples = [list(x) for x in pos]
             op_of = {k.signature: k.op for k in graph.kernels}
             it = 0
-            while need or interp.batch_jobs:
+            while need or interp.batch_jobs or pos_missing:
+                interp.full = pos_missing
                 before = {sig: len(samples.get(sig, ())) for sig in need}
                 with torch.no_grad():
                     interp.run(dict(inputs))
@@ -567,8 +616,8 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
                     xs = samples.get(sig, [])
                     n_it = iters.get(sig, 0)
                     if insitu_done(xs, before[sig], n_it):
-                        t = statistics.median(xs)
-                        db.put_final(env, sig, "fast", t, len(xs))
+                        t = insitu_estimate(xs)
+                        db.put_final(env, sig, "fast", t, sum(len(g) for g in xs))
                         have[(sig, "fast")] = t
                         need.discard(sig)
                         stats.measured += 1
@@ -577,14 +626,23 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
                         iters[sig] = n_it + 1
                         unfinished.append((env, sig, xs, n_it + 1))
                 db.put_pending(unfinished)
+                pos = interp.position_samples = [x[-MAX_SAMPLES:] for x in interp.position_samples]
+                pos_missing = not all(pos)
+                stats.iterations += 1
+                db.put_position_samples(env, graph.fingerprint, pos)
                 it += 1
-        kernel_seconds = tuple(have[(k.signature, "fast")] for k in graph.kernels)
+                if it > MAX_ITERATIONS + 2:  # cannot happen while insitu_done caps iterations
+                    raise RuntimeError(f"profiling {graph.name}: kernels still unmeasured after {it} iterations: "
+                                       f"{sorted(need)[:3]}")
+        after = [statistics.median(x) for x in pos]
+        kernel_seconds = tuple(have[(k.signature, "fast")] + after[i] for i, k in enumerate(graph.kernels))
         placement_seconds: dict[int, dict[tuple[str, ...], float]] = {}
         if direct:
             # the in-situ all-fast time, scaled by the slowdown the repeated timings measured
             for k, kern in enumerate(graph.kernels):
                 base = have[(kern.signature, "batch:fast")]
-                placement_seconds[k] = {p: kernel_seconds[k] * have[(kern.signature, key)] / base
+                call = have[(kern.signature, "fast")]
+                placement_seconds[k] = {p: call * have[(kern.signature, key)] / base + after[k]
                                         for p, key in needs[k] if p is not None}
         stats.seconds = time.perf_counter() - t_start
         cm = CostModel(graph_fingerprint=graph.fingerprint, memory_system=memory.name, access=memory.access,

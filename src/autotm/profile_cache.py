@@ -5,6 +5,8 @@ count, torch version, memory system; stored once, referred to by its hash), then
 
 - kernel timings: (environment, kernel signature, placement) -> seconds;
 - pending in-situ samples of kernels not final yet: (environment, signature) -> samples;
+- per-position samples of the interpreter's work after each kernel of one graph (freeing
+  the tensors that die there): (environment, graph fingerprint) -> samples per kernel;
 - move samples: (environment, direction, mode, bytes, repeat) -> seconds;
 - values: (environment, name) -> a number (e.g. the measured peak FLOP/s).
 
@@ -60,6 +62,8 @@ CREATE TABLE IF NOT EXISTS moves (
 CREATE TABLE IF NOT EXISTS pending (
     env TEXT NOT NULL, signature TEXT NOT NULL, samples TEXT NOT NULL, iterations INTEGER NOT NULL,
     PRIMARY KEY (env, signature));
+CREATE TABLE IF NOT EXISTS positions (
+    env TEXT NOT NULL, graph TEXT NOT NULL, samples TEXT NOT NULL, PRIMARY KEY (env, graph));
 CREATE TABLE IF NOT EXISTS vals (
     env TEXT NOT NULL, name TEXT NOT NULL, value REAL NOT NULL, PRIMARY KEY (env, name));
 """
@@ -197,9 +201,16 @@ class ProfileCache:
 
         return _T()
 
+    def position_samples(self, env: str, graph: str) -> list[list[float]] | None:
+        row = self._db.execute("SELECT samples FROM positions WHERE env=? AND graph=?", (env, graph)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def put_position_samples(self, env: str, graph: str, samples: list[list[float]]) -> None:
+        self._db.execute("INSERT OR REPLACE INTO positions VALUES (?, ?, ?)", (env, graph, json.dumps(samples)))
+
     def forget(self, env: str) -> None:
         """Drop every measurement of `env`."""
-        for table in ("kernels", "pending", "moves", "vals"):
+        for table in ("kernels", "pending", "positions", "moves", "vals"):
             self._db.execute(f"DELETE FROM {table} WHERE env=?", (env,))
 
     # ---- moves ------------------------------------------------------------------------

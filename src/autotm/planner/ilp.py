@@ -434,7 +434,6 @@ def _decode(graph, cost, budget, formulation, x, segs, seg_vars, start_slow) -> 
     for ts in segs:
         initial = "slow" if _on(x, start_slow.get(ts.tensor, -1)) else "fast"
         actions: list[Action] = []
-        written = initial == "slow"
         for seg in ts.segments:
             sv = seg_vars[(ts.tensor, seg.index)]
             if seg.kind == "initial":
@@ -445,7 +444,6 @@ def _decode(graph, cost, budget, formulation, x, segs, seg_vars, start_slow) -> 
                 if seg.end >= seg.start:  # an empty final segment is the executor's carry write
                     async_c = [c for c, col in sv.wX.items() if _on(x, col)]
                     actions.append(Action("evict", async_c[0], "async") if async_c else Action("evict", seg.start, "sync"))
-                written = True
             elif _on(x, sv.dA):
                 if seg.end >= seg.start:
                     actions.append(Action("drop", seg.start, "sync"))
@@ -453,11 +451,9 @@ def _decode(graph, cost, budget, formulation, x, segs, seg_vars, start_slow) -> 
                 continue
             if seg.kind == "gap":
                 actions.append(_prefetch(sv, x, seg.end + 1))
-        per_tensor[ts.tensor] = (initial, actions)
-        del written
-    tensors = tuple(TensorPlan(t.id, *per_tensor.get(t.id, ("fast", []))) if t.id in per_tensor
+        per_tensor[ts.tensor] = (initial, sorted(actions, key=lambda a: a.at))
+    tensors = tuple(TensorPlan(t.id, per_tensor[t.id][0], tuple(per_tensor[t.id][1])) if t.id in per_tensor
                     else TensorPlan(t.id, "fast", ()) for t in graph.tensors)
-    tensors = tuple(TensorPlan(tp.id, tp.initial, tuple(sorted(tp.actions, key=lambda a: a.at))) for tp in tensors)
     return Plan(version=1, graph_name=graph.name, graph_fingerprint=graph.fingerprint, memory_system=cost.memory_system,
                 access="staged", budget_bytes=int(budget), planner=formulation, tensors=tensors, meta={})
 

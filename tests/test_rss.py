@@ -1,0 +1,42 @@
+"""On cpu+file, the process's peak RSS stays within the budget plus a fixed overhead.
+
+The overhead bound (stated in benchmarks/rss_overhead.py): peak RSS during the iterations
+<= budget + baseline RSS + SLACK_BYTES, where the baseline is the process's RSS after
+imports and capture with the model deleted (no tensor of the iteration exists), measured
+in the same fresh subprocess. Run `python benchmarks/rss_overhead.py` for the table.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "rss_overhead.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("rss_overhead", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize("case, below_all_fast", [
+    ("vgg19:test:evict-sync", False),  # weights, gradients and momentum are the whole peak
+    ("resnet50:16x128:evict-sync", True),  # activations evicted: the budget is about half the all-fast peak
+])
+def test_peak_rss_is_within_budget_plus_fixed_overhead(bench, case, below_all_fast):
+    d = bench.run_case(case, iterations=2)
+    bound = d["budget"] + d["baseline_rss"] + bench.SLACK_BYTES
+    msg = (f"{case}: peak RSS {d['peak_rss'] / MIB:.0f} MiB > budget {d['budget'] / MIB:.0f} + baseline "
+           f"{d['baseline_rss'] / MIB:.0f} + slack {bench.SLACK_BYTES / MIB:.0f} MiB")
+    assert d["peak_rss"] <= bound, msg
+    assert d["peak_fast_bytes"] <= d["budget"]
+    if below_all_fast:
+        # the bound is meaningful: holding the all-fast peak would break it
+        assert d["all_fast_peak"] > bound - d["baseline_rss"] + 64 * MIB
+        assert d["all_fast_peak"] + d["baseline_rss"] > bound
