@@ -67,21 +67,25 @@ def one(model: str, preset: str, iterations: int, plans: list[str]) -> dict:
             if name == plans[-1]:
                 del m, opt  # the session has its own copies
             eager_step(), s.step(batch)  # warm-up
-            eager_t, exec_t = [], []
+            eager_t, exec_t, eager_cpu, exec_cpu = [], [], [], []
             for i in range(iterations):
                 order = ("e", "x") if i % 2 == 0 else ("x", "e")
                 for who in order:
-                    t = time.perf_counter()
+                    t, c = time.perf_counter(), time.process_time()
                     if who == "e":
                         eager_step()
                         eager_t.append(time.perf_counter() - t)
+                        eager_cpu.append(time.process_time() - c)
                     else:
                         s.step(batch)
                         exec_t.append(time.perf_counter() - t)
+                        exec_cpu.append(time.process_time() - c)
             rep = s.report()
             s.close()
             e, x = statistics.median(eager_t), statistics.median(exec_t)
+            ec, xc = statistics.median(eager_cpu), statistics.median(exec_cpu)
             out["plans"][name] = {"eager_s": e, "executor_s": x, "ratio": x / e, "eager_all": eager_t,
+                                  "cpu_ratio": xc / ec, "eager_cpu_all": eager_cpu, "executor_cpu_all": exec_cpu,
                                   "executor_all": exec_t, "kernel_s": float(rep.kernel_seconds.sum()),
                                   "bytes_to_slow": rep.bytes_to_slow, "budget": budget}
     return out
@@ -101,8 +105,9 @@ def main() -> None:
         print("RESULT " + json.dumps(one(a.one, a.preset, a.iterations, plans)), flush=True)
         return
     print(f"executor (all-fast plan, cpu+file) vs eager PyTorch, {a.preset} preset, median of {a.iterations} "
-          f"interleaved iterations after a warm-up; torch threads: {os.environ.get('OMP_NUM_THREADS', 'default')}")
-    head = f"{'model':<13} {'batch x image':>13} {'kernels':>7} {'plan':<12} {'eager s':>8} {'executor s':>10} {'ratio':>6}"
+          f"interleaved iterations after a warm-up (cpu-time ratio: process CPU seconds, less sensitive to other load); torch threads: {os.environ.get('OMP_NUM_THREADS', 'default')}")
+    head = (f"{'model':<13} {'batch x image':>13} {'kernels':>7} {'plan':<12} {'eager s':>8} {'executor s':>10} "
+            f"{'ratio':>6} {'cpu-time ratio':>14}  per-iteration seconds (eager | executor)")
     print(head)
     print("-" * len(head))
     for model in a.models.split(","):
@@ -121,7 +126,9 @@ def main() -> None:
         d = json.loads(lines[-1][7:])
         for name, p in d["plans"].items():
             print(f"{model:<13} {str(d['batch']) + ' x ' + str(d['image']):>13} {d['kernels']:>7} {name:<12} "
-                  f"{p['eager_s']:>8.3f} {p['executor_s']:>10.3f} {p['ratio']:>6.3f}", flush=True)
+                  f"{p['eager_s']:>8.3f} {p['executor_s']:>10.3f} {p['ratio']:>6.3f} {p['cpu_ratio']:>14.3f}  "
+                  f"{' '.join(f'{v:.2f}' for v in p['eager_all'])} | {' '.join(f'{v:.2f}' for v in p['executor_all'])}",
+                  flush=True)
 
 
 if __name__ == "__main__":

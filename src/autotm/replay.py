@@ -67,7 +67,7 @@ def reuse_table(graph: TrainingGraph) -> list[tuple | None]:
                         and out.numel() * out.element_size() == t.nbytes):
                     ov = _out_overload(op)
                     if ov is not None:
-                        entry = (ov[0], tid, ov[1])
+                        entry = (ov[0], tid, ov[1], want[0], want[1])
                     break
         table.append(entry)
     return table
@@ -114,7 +114,9 @@ class Replay:
         kwargs = fx.node.map_arg(node.kwargs, self.materialize)
         reuse = self.reuse[k]
         if reuse is not None and reuse[1] not in self.keep and reuse[1] in self.env:
-            out = reuse[0](*args, **kwargs, **{reuse[2]: self.env[reuse[1]]})
+            # the output's layout over the dying input's storage (its base value may be shaped otherwise)
+            target = self.env[reuse[1]].as_strided(reuse[3], reuse[4], 0)
+            out = reuse[0](*args, **kwargs, **{reuse[2]: target})
         else:
             out = node.target(*args, **kwargs)
         for tid, i in self.program.kernel_outputs[k]:
