@@ -180,6 +180,20 @@ holes left by earlier frees (the caller's model copy, capture) are reused, and o
 touched stay resident after they are freed again. malloc_trim gives them back."""
 
 
+def _inplace_overload(op):
+    """The in-place form of a functional ATen op (aten.relu.default -> aten.relu_.default)
+    taking the same arguments, or None."""
+    try:
+        name = op._schema.name.split("::")[1]
+        packet = getattr(torch.ops.aten, name + "_")
+        cand = getattr(packet, op._overloadname)
+    except (AttributeError, IndexError, RuntimeError):
+        return None
+    want = [(a.name, str(a.type)) for a in op._schema.arguments]
+    got = [(a.name, str(a.type)) for a in cand._schema.arguments]
+    return cand if want == got and cand._schema.arguments and cand._schema.arguments[0].is_write else None
+
+
 def _const(v):
     return lambda: v
 
@@ -290,6 +304,7 @@ class _CompiledKernel:
     outputs: tuple  # (tensor id, index in the op's tuple or None, bytes, written to slow)
     reuse: tuple | None  # (out overload, input tensor id, out kwarg name, shape, stride)
     frees: tuple  # tensor ids whose live range ends here
+    inplace: object = None  # with reuse, when the dying input is the first argument: op_ (e.g. relu_)
 
 
 class Executor(Replay):
@@ -351,12 +366,16 @@ class Executor(Replay):
         for k, node in enumerate(p.kernel_nodes):
             outputs = tuple((tid, i, self.nbytes[tid], self.initial[tid] == "slow") for tid, i in p.kernel_outputs[k])
             reuse = None
+            inplace = None
             r = self.reuse[k] if k < len(self.reuse) else None
             val = node.meta.get("val")
             if (r is not None and isinstance(val, torch.Tensor) and len(outputs) == 1 and not outputs[0][3]):
                 reuse = (r[0], r[1], r[2], tuple(val.shape), tuple(val.stride()))
+                first = node.args[0] if node.args else None
+                if isinstance(first, fx.Node) and p.node_tensor.get(first) == r[1]:
+                    inplace = _inplace_overload(node.target)
             out.append(_CompiledKernel(node.target, comp.args(node.args), comp.kwargs(node.kwargs), outputs,
-                                       reuse, tuple(p.free_after[k])))
+                                       reuse, tuple(p.free_after[k]), inplace))
         return out
 
     # ---- accounting -------------------------------------------------------------------
@@ -449,9 +468,14 @@ class Executor(Replay):
         args = ck.args()
         r = ck.reuse
         if r is not None and r[1] in env and r[1] not in self.keep:
-            # the output goes into the storage of an input that dies here (in-place update)
-            dst = env[r[1]].as_strided(r[3], r[4], 0)
-            out = r[0](*args, **(ck.kwargs() if ck.kwargs is not None else {}), **{r[2]: dst})
+            # the output goes into the storage of an input that dies here (in-place update):
+            # with the op's in-place form when that input is its first argument (the same
+            # kernel as out=, and for some ops, relu among them, several times faster)
+            if ck.inplace is not None:
+                out = ck.inplace(*args, **(ck.kwargs() if ck.kwargs is not None else {}))
+            else:
+                dst = env[r[1]].as_strided(r[3], r[4], 0)
+                out = r[0](*args, **(ck.kwargs() if ck.kwargs is not None else {}), **{r[2]: dst})
         elif ck.kwargs is None:
             out = ck.target(*args)
         else:
