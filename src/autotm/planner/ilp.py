@@ -31,7 +31,7 @@ Notation (one tensor t of size s_t, one movable segment g of it; see segments.py
          + sum_g wS[g] m(s, to_slow, sync) + sum_g pS[g] m(s, to_fast, sync)
 
   where m(s, direction, mode) = latency + s / bandwidth from the cost model. The
-  synchronous formulation has no wX, pX, y. Bytes are scaled to MiB inside the model only.
+  synchronous formulation has no wX, pX, y. Bytes are scaled to KiB inside the model only.
 """
 
 from __future__ import annotations
@@ -46,7 +46,11 @@ from ..graph import TrainingGraph
 from ..plan import Action, Plan, TensorPlan
 from .segments import TensorSegments, carried_pairs, tensor_segments
 
-SCALE = float(2**20)  # capacity rows in MiB
+# Capacity rows in KiB: HiGHS accepts a row violated by up to its feasibility tolerance
+# (1e-6 units), which in KiB is a thousandth of a byte, so integer byte counts that pass
+# the solver also pass the validator's exact check (in MiB it would be a whole byte).
+SCALE = float(2**10)
+MARGIN_BYTES = 0.0
 
 
 class InfeasibleBudget(ValueError):
@@ -297,10 +301,10 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
         Rw.add("async overlap", [t for t, _ in terms] + [col], [v for _, v in terms] + [-1.0], -np.inf, 0.0)
     constant_time = float(sum(T[c] for c in range(n) if c not in y))
 
-    # capacity rows, in MiB:  sum_t s_t R[t,j] <= B  for every kernel j, built from the
+    # capacity rows, in KiB:  sum_t s_t R[t,j] <= B  for every kernel j, built from the
     # intervals with numpy. Rows with the same variables differ only in their constant:
     # keep the tightest of each such group (the others are implied).
-    rhs = (budget + extra.astype(np.float64) - cap_const) / SCALE
+    rhs = (budget + extra.astype(np.float64) - cap_const - MARGIN_BYTES) / SCALE
     dropped = 0
     if cap_iv:
         iv = np.asarray(cap_iv, dtype=np.float64)
@@ -334,38 +338,10 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
         plan = _decode(graph, cost, budget, formulation, np.zeros(0), segs, seg_vars, start_slow)
         stats.status, stats.objective = "Optimal", constant_time
         return plan, stats
-    h = _quiet_highs(highspy)
-    h.setOptionValue("output_flag", bool(verbose))
-    h.setOptionValue("time_limit", float(time_limit))
-    h.setOptionValue("mip_rel_gap", float(mip_gap))
-    if threads:
-        h.setOptionValue("threads", int(threads))
-    lp = highspy.HighsLp()
-    lp.num_col_ = V.n
-    lp.num_row_ = Rw.n
-    lp.col_cost_ = np.concatenate(V.cost) if V.n else np.zeros(0)
-    lp.col_lower_ = np.concatenate(V.lower) if V.n else np.zeros(0)
-    lp.col_upper_ = np.concatenate(V.upper) if V.n else np.zeros(0)
-    lp.row_lower_ = np.asarray(Rw.lo, dtype=float)
-    lp.row_upper_ = np.asarray(Rw.hi, dtype=float)
-    lp.offset_ = constant_time
-    integ = np.concatenate(V.integer) if V.n else np.zeros(0, dtype=np.int8)
-    lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous for i in integ]
-    rows = np.concatenate(Rw.r) if Rw.r else np.zeros(0, dtype=np.int64)
-    cols = np.concatenate(Rw.c) if Rw.c else np.zeros(0, dtype=np.int64)
-    vals = np.concatenate(Rw.v) if Rw.v else np.zeros(0)
-    order = np.lexsort((cols, rows))
-    rows, cols, vals = rows[order], cols[order], vals[order]
-    starts = np.searchsorted(rows, np.arange(Rw.n + 1)).astype(np.int32)
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
-    lp.a_matrix_.num_col_ = V.n
-    lp.a_matrix_.num_row_ = Rw.n
-    lp.a_matrix_.start_ = starts
-    lp.a_matrix_.index_ = cols.astype(np.int32)
-    lp.a_matrix_.value_ = vals
-    h.passModel(lp)
-    stats.binaries = int(integ.sum())
-    stats.rows, stats.nonzeros = Rw.n, len(vals)
+    h, lp = highs_model(highspy, V, Rw, constant_time, time_limit=time_limit, mip_gap=mip_gap,
+                        threads=threads, verbose=verbose)
+    stats.binaries = int(np.concatenate(V.integer).sum())
+    stats.rows, stats.nonzeros = Rw.n, len(lp.a_matrix_.value_)
     stats.build_seconds = time.perf_counter() - t_build
 
     x0 = _warm_start_vector(warm_start, V.n, seg_vars, start_slow, y, T, async_terms) if warm_start else None
@@ -387,6 +363,39 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     stats.gap = max(0.0, (obj_x - bound) / max(abs(obj_x), 1e-12))
     plan = _decode(graph, cost, budget, formulation, x, segs, seg_vars, start_slow)
     return plan, stats
+
+
+def highs_model(highspy, V: _Vars, R: _Rows, offset: float, *, time_limit: float, mip_gap: float,
+                threads: int | None, verbose: bool):
+    """A Highs object holding the model, passed in one call as row-wise arrays."""
+    h = _quiet_highs(highspy)
+    h.setOptionValue("output_flag", bool(verbose))
+    h.setOptionValue("time_limit", float(time_limit))
+    h.setOptionValue("mip_rel_gap", float(mip_gap))
+    if threads:
+        h.setOptionValue("threads", int(threads))
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = V.n, R.n
+    lp.col_cost_ = np.concatenate(V.cost)
+    lp.col_lower_ = np.concatenate(V.lower)
+    lp.col_upper_ = np.concatenate(V.upper)
+    lp.row_lower_ = np.asarray(R.lo, dtype=float)
+    lp.row_upper_ = np.asarray(R.hi, dtype=float)
+    lp.offset_ = offset
+    lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
+                       for i in np.concatenate(V.integer)]
+    rows = np.concatenate(R.r) if R.r else np.zeros(0, dtype=np.int64)
+    cols = np.concatenate(R.c) if R.c else np.zeros(0, dtype=np.int64)
+    vals = np.concatenate(R.v) if R.v else np.zeros(0)
+    order = np.lexsort((cols, rows))
+    rows, cols, vals = rows[order], cols[order], vals[order]
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = V.n, R.n
+    lp.a_matrix_.start_ = np.searchsorted(rows, np.arange(R.n + 1)).astype(np.int32)
+    lp.a_matrix_.index_ = cols.astype(np.int32)
+    lp.a_matrix_.value_ = vals
+    h.passModel(lp)
+    return h, lp
 
 
 def _run(h, highspy, x0, time_limit, stats):

@@ -31,7 +31,7 @@ import numpy as np
 from ..costmodel import CostModel, operand_tensors
 from ..graph import Role, TrainingGraph
 from ..plan import Plan, TensorPlan
-from .ilp import SCALE, ILPStats, InfeasibleBudget, _Rows, _run, _Vars, _quiet_highs
+from .ilp import MARGIN_BYTES, SCALE, ILPStats, InfeasibleBudget, _Rows, _run, _Vars, highs_model
 from .segments import carried_pairs
 
 FIXED_FAST = (Role.INPUT, Role.SCALAR, Role.CONSTANT, Role.OUTPUT)
@@ -138,39 +138,15 @@ def solve_static(graph: TrainingGraph, cost: CostModel, budget: int, *, time_lim
         vals.append(np.full(len(ks), -graph.tensors[tid].nbytes / SCALE))
     if rows:
         rows_a, cols_a, vals_a = np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
-        rhs = (budget + extra - np.asarray(graph.live_bytes, dtype=np.float64)) / SCALE
+        rhs = (budget + extra - np.asarray(graph.live_bytes, dtype=np.float64) - MARGIN_BYTES) / SCALE
         used = np.unique(rows_a)
         local = np.full(n, -1)
         local[used] = np.arange(len(used))
         R.add_block("capacity", local[rows_a], cols_a, vals_a, np.full(len(used), -np.inf), rhs[used])
     stats = ILPStats(variables=V.n)
-    h = _quiet_highs(highspy)
-    h.setOptionValue("output_flag", bool(verbose))
-    h.setOptionValue("time_limit", float(time_limit))
-    h.setOptionValue("mip_rel_gap", float(mip_gap))
-    if threads:
-        h.setOptionValue("threads", int(threads))
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = V.n, R.n
-    lp.col_cost_ = np.concatenate(V.cost)
-    lp.col_lower_ = np.concatenate(V.lower)
-    lp.col_upper_ = np.concatenate(V.upper)
-    lp.row_lower_ = np.asarray(R.lo, dtype=float)
-    lp.row_upper_ = np.asarray(R.hi, dtype=float)
-    lp.offset_ = constant
-    lp.integrality_ = [highspy.HighsVarType.kInteger] * V.n
-    r = np.concatenate(R.r)
-    c = np.concatenate(R.c)
-    v = np.concatenate(R.v)
-    order = np.lexsort((c, r))
-    r, c, v = r[order], c[order], v[order]
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
-    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = V.n, R.n
-    lp.a_matrix_.start_ = np.searchsorted(r, np.arange(R.n + 1)).astype(np.int32)
-    lp.a_matrix_.index_ = c.astype(np.int32)
-    lp.a_matrix_.value_ = v
-    h.passModel(lp)
-    stats.binaries, stats.rows, stats.nonzeros = V.n, R.n, len(v)
+    h, lp = highs_model(highspy, V, R, constant, time_limit=time_limit, mip_gap=mip_gap, threads=threads,
+                        verbose=verbose)
+    stats.binaries, stats.rows, stats.nonzeros = V.n, R.n, len(lp.a_matrix_.value_)
     stats.build_seconds = time.perf_counter() - t0
     x, info, status = _run(h, highspy, None, time_limit, stats)
     stats.status = h.modelStatusToString(status)
