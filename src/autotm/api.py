@@ -59,31 +59,28 @@ class CompiledStep:
         named.update(dict(self.model.named_buffers()))
         return named
 
+    def _assign(self, named: dict, key: str, value: torch.Tensor) -> None:
+        """Make `value` the model's tensor or the optimizer's state named by a state key."""
+        kind, rest = key.split(":", 1)
+        if kind in ("param", "buffer"):
+            named[rest].data = value
+        elif kind == "opt":
+            name, slot = rest.rsplit(":", 1)
+            self.optimizer.state[named[name]][slot] = value
+
     def _publish(self) -> None:
         """Point the model's tensors and the optimizer's state at the carried fast values."""
         named = self._named()
         for key, v in self.session.carried.items():
-            if not isinstance(v, torch.Tensor):
-                continue
-            kind, rest = key.split(":", 1)
-            if kind in ("param", "buffer"):
-                named[rest].data = v
-            elif kind == "opt":
-                name, slot = rest.rsplit(":", 1)
-                self.optimizer.state[named[name]][slot] = v
+            if isinstance(v, torch.Tensor):
+                self._assign(named, key, v)
 
     def sync(self) -> None:
         """Copy values the plan keeps in slow memory into the model and optimizer."""
         named = self._named()
         for key, v in self.session.carried.items():
             if isinstance(v, SlowHandle):
-                value = self.memory.to_fast(v)
-                kind, rest = key.split(":", 1)
-                if kind in ("param", "buffer"):
-                    named[rest].data = value
-                elif kind == "opt":
-                    name, slot = rest.rsplit(":", 1)
-                    self.optimizer.state[named[name]][slot] = value
+                self._assign(named, key, self.memory.to_fast(v))
 
     def report(self) -> RunReport:
         return self.session.report()
