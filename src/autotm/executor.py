@@ -560,13 +560,7 @@ class Executor(Replay):
                     self.before_kernel(k)
                 elif cache_ctl is not None and cache_ctl[0]() > self.cache_headroom[k]:
                     cache_ctl[1]()
-                try:
-                    self.run_kernel(k)
-                except AutotmError:
-                    raise
-                except Exception as e:
-                    kern = self.graph.kernels[k]
-                    raise ReplayError(f"while executing kernel {k} {kern.op} ({kern.module or 'no module'}): {e}") from e
+                self.execute_kernel(k)
                 if self._pending:
                     self.after_kernel(k)
                 for tid in kernels[k].frees:

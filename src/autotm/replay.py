@@ -14,7 +14,7 @@ from typing import Iterable, Mapping
 import torch
 import torch.fx as fx
 
-from .errors import ReplayError
+from .errors import AutotmError, ReplayError
 from .graph import TrainingGraph
 
 
@@ -122,6 +122,16 @@ class Replay:
         for tid, i in self.program.kernel_outputs[k]:
             self.env[tid] = out if i is None else out[i]
 
+    def execute_kernel(self, k: int) -> None:
+        """run_kernel(k), with a failure re-raised naming the kernel, its op and module."""
+        try:
+            self.run_kernel(k)
+        except AutotmError:
+            raise
+        except Exception as e:
+            kern = self.graph.kernels[k]
+            raise ReplayError(f"while executing kernel {k} {kern.op} ({kern.module or 'no module'}): {e}") from e
+
     def before_kernel(self, k: int) -> None:
         """Hook: runs before kernel k (the executor moves tensors here)."""
 
@@ -145,13 +155,7 @@ class Replay:
             self.env.setdefault(tid, value)
         for k in range(len(p.kernel_nodes)):
             self.before_kernel(k)
-            try:
-                self.run_kernel(k)
-            except ReplayError:
-                raise
-            except Exception as e:
-                kern = self.graph.kernels[k]
-                raise ReplayError(f"while executing kernel {k} {kern.op} ({kern.module or 'no module'}): {e}") from e
+            self.execute_kernel(k)
             self.after_kernel(k)
             for tid in p.free_after[k]:
                 if tid not in keep:

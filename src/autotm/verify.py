@@ -127,6 +127,4 @@ def verify_replay(w: Workload, iterations: int = 3, *, seed: int = 0, session_fa
     replay_state = state_digests(model, opt)
     state_mismatch = sorted(k for k in eager_state if replay_state.get(k) != eager_state[k])
     mismatches += [f"after {iterations} iterations: {k} differs" for k in state_mismatch[:10]]
-    v = Verification(graph, eager_loss_values, losses, per_iter, not state_mismatch, mismatches)
-    v.session = session
-    return v
+    return Verification(graph, eager_loss_values, losses, per_iter, not state_mismatch, mismatches)
