@@ -13,7 +13,7 @@ from autotm.planner.ilp import minimum_budget
 from autotm.planner.segments import tensor_segments
 from autotm.simulate import simulate
 from autotm.validate import validate
-from test_validate import make_graph
+from graphs import make_graph
 
 
 def cost_model(g, kernel_seconds, *, bw=1000.0, latency=0.0, async_bw=None):

@@ -8,34 +8,10 @@ import numpy as np
 import pytest
 
 from autotm.costmodel import CostModel, MoveCost, operand_tensors
-from autotm.graph import Kernel, Role, Tensor, TrainingGraph, check
+from autotm.graph import Role, TrainingGraph
 from autotm.plan import PLAN_VERSION, Action, Plan, PlanError, TensorPlan, all_fast_plan
 from autotm.simulate import simulate
-
-
-def make_graph(sizes, kernels, *, roles=None, outputs=(), program=None) -> TrainingGraph:
-    """sizes[t] bytes; kernels[k] = (inputs, outputs). Unproduced tensors are inputs."""
-    roles = dict(roles or {})
-    producer = {t: k for k, (_, outs) in enumerate(kernels) for t in outs}
-    users = {t: [] for t in range(len(sizes))}
-    for k, (ins, _) in enumerate(kernels):
-        for t in ins:
-            users[t].append(k)
-    n = len(kernels)
-    tensors = []
-    for t, nb in enumerate(sizes):
-        p = producer.get(t)
-        first = 0 if p is None else p
-        last = n - 1 if t in outputs else max([first] + users[t])
-        role = roles.get(t, Role.INPUT if p is None else Role.ACTIVATION)
-        tensors.append(Tensor(id=t, name=f"t{t}", nbytes=nb, dtype="float32", shape=(nb // 4,), stride=(1,),
-                              role=role, producer=p, users=tuple(users[t]), live=(first, last),
-                              is_graph_output=t in outputs))
-    ks = tuple(Kernel(index=k, op=f"op{k}", inputs=tuple(i), outputs=tuple(o), signature=f"op{k}", flops=0,
-                      bytes_touched=0, module="", phase="forward") for k, (i, o) in enumerate(kernels))
-    g = TrainingGraph(name="g", kernels=ks, tensors=tuple(tensors), parameters=0, program=program)
-    check(g)
-    return g
+from graphs import make_graph
 
 
 def g5(program=None) -> TrainingGraph:
