@@ -248,6 +248,11 @@ def demo(
         raise typer.Exit(1)
 
 
+from .cli_bench import bench_app, plot_app  # noqa: E402  (sub-apps: bench, plot)
+app.add_typer(bench_app, name="bench")
+app.add_typer(plot_app, name="plot")
+
+
 class _null:
     def __enter__(self):
         return self
