@@ -148,6 +148,9 @@ def _libc():
         return None
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4  # mallopt parameters (malloc.h)
+
+
 def _release_freed_memory_to_os() -> None:
     """Make glibc return freed large blocks to the OS at once, so RSS follows the bytes held.
 
@@ -160,9 +163,28 @@ def _release_freed_memory_to_os() -> None:
     """
     libc = _libc()
     if libc is not None:
-        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+        libc.mallopt(M_MMAP_MAX, 65536)  # glibc's default, in case _keep_freed_memory ran before
         libc.mallopt(M_MMAP_THRESHOLD, 256 * 1024)
         libc.mallopt(M_TRIM_THRESHOLD, 1024 * 1024)
+
+
+def _keep_freed_memory() -> None:
+    """Make glibc keep freed blocks for reuse: no mmap, no trimming (runs without a budget).
+
+    Each iteration allocates the same tensors again. With glibc's defaults, blocks over
+    its mmap threshold (at most 32 MiB) are unmapped when freed, and a heap whose free top
+    passes the trim threshold is shrunk, so the next iteration faults every page in again:
+    vgg416 at the cpu preset took ~500k page faults (2 GB) per iteration through the
+    executor, whose frees follow liveness, and still ~180k through eager PyTorch. Serving
+    every block from a heap that is never trimmed makes the steady state fault-free, as a
+    caching allocator would; the price is RSS at the heap's high-water mark, which only
+    matters under a budget, where _release_freed_memory_to_os is used instead.
+    Process-wide: code running in the same process afterwards gets the same policy.
+    """
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(M_MMAP_MAX, 0)
+        libc.mallopt(M_TRIM_THRESHOLD, -1)
 
 
 def trim_heap() -> None:
@@ -206,10 +228,11 @@ class _Compiler:
     a view from it), so a kernel call costs a few Python calls per operand.
     """
 
-    def __init__(self, program, env: dict, storage_value):
+    def __init__(self, program, env: dict, storage_value, device: torch.device | None = None):
         self.p = program
         self.env = env
         self.storage_value = storage_value
+        self.device = device  # not None: a CPU-captured graph runs there (factory ops' device=)
         self.getters: dict[fx.Node, object] = {}
 
     def node(self, node: fx.Node):
@@ -258,6 +281,8 @@ class _Compiler:
             fx.node.map_arg(a, holder.append)
             if holder:
                 return True, lambda: fx.node.map_arg(a, lambda n: self.node(n)())
+        if self.device is not None and isinstance(a, torch.device):
+            return False, self.device
         return False, a
 
     def args(self, args: tuple):
@@ -319,12 +344,12 @@ class Executor(Replay):
     memory system recycles (cpu+file's cache) count against the budget: before each
     kernel, if the bytes the plan holds at that kernel plus the idle cache would pass the
     budget, the cache is released. Without a budget none of this is done (it costs page
-    faults), and the executor allocates as eager PyTorch does.
+    faults): glibc keeps freed blocks for the next iteration instead (_keep_freed_memory).
     """
 
     def __init__(self, graph: TrainingGraph, plan: Plan, memory: MemorySystem, *, budget_bytes: int | None = None,
                  trim_memory: bool | None = None):
-        super().__init__(graph)
+        super().__init__(graph, device=getattr(memory, "fast_device", None))
         check_plan_matches(plan, graph)
         if plan.access != memory.access:
             raise AutotmError(f"plan is for {plan.access} access but {memory.name} is {memory.access}")
@@ -332,10 +357,13 @@ class Executor(Replay):
         self.memory = memory
         self.budget = budget_bytes if budget_bytes is not None else plan.budget_bytes
         self.validation = validate(plan, graph, budget_bytes=self.budget)
-        self.trim_memory = trim_memory if trim_memory is not None else self.budget is not None
+        # (host RSS honesty is for CPU fast tiers; a device's budget is on the device)
+        self.trim_memory = trim_memory if trim_memory is not None else (self.budget is not None and self.device is None)
         self.trim_every = TRIM_EVERY_BYTES
         if self.trim_memory:
             _release_freed_memory_to_os()
+        else:
+            _keep_freed_memory()
         n = len(graph.kernels)
         self.initial = {tp.id: tp.initial for tp in plan.tensors}
         # per kernel: sync (evicts and drops first, then prefetches), and async actions
@@ -361,7 +389,7 @@ class Executor(Replay):
 
     def _compile(self) -> list[_CompiledKernel]:
         p = self.program
-        comp = _Compiler(p, self.env, self.storage_value)
+        comp = _Compiler(p, self.env, self.storage_value, self.device)
         out = []
         for k, node in enumerate(p.kernel_nodes):
             outputs = tuple((tid, i, self.nbytes[tid], self.initial[tid] == "slow") for tid, i in p.kernel_outputs[k])
@@ -525,13 +553,13 @@ class Executor(Replay):
             elif self.initial.get(tid, "fast") == "slow":
                 self.slow[tid] = self.memory.to_slow(tid, v)
             else:
-                self._hold_fast(tid, v, 0)
+                self._hold_fast(tid, v if self.device is None else v.to(self.device), 0)
         for tid, v in self.program.constants.items():
             if tid not in inputs:
                 if self.initial.get(tid, "fast") == "slow":
                     self.slow[tid] = self.memory.to_slow(tid, v)
                 else:
-                    self._hold_fast(tid, v, 0)
+                    self._hold_fast(tid, v if self.device is None else v.to(self.device), 0)
 
     def run_iteration(self, inputs: Mapping[int, torch.Tensor | SlowHandle], keep: Iterable[int] = ()) -> dict:
         """One iteration. Returns the graph outputs: fast tensors, or SlowHandles for those
@@ -679,6 +707,7 @@ class ExecutorSession:
         except BaseException:
             self.close()
             raise
+        memory.reset_device_peaks()  # the report's device peaks are this session's
 
     def _check_usable(self) -> None:
         if self.failed is not None:
@@ -702,6 +731,7 @@ class ExecutorSession:
                 self.peak_rss_bytes = max(self.peak_rss_bytes, rs.peak)
             else:
                 out = self.executor.run_iteration(inputs, keep=keep)
+            self.memory.synchronize()  # a GPU runs kernels asynchronously: stop the clock when done
             seconds = time.perf_counter() - t0
             del inputs
             grads = {}
@@ -758,4 +788,5 @@ class ExecutorSession:
             kernel_seconds=np.median(np.stack(self.kernel_seconds), axis=0) if self.kernel_seconds else np.zeros(0),
             moves=list(ex.moves), peak_fast_bytes=self.peak_fast_bytes, bytes_to_slow=ex.to_slow_bytes,
             bytes_to_fast=ex.to_fast_bytes, losses=list(self.losses),
-            peak_rss_bytes=self.peak_rss_bytes, baseline_rss_bytes=self.baseline_rss_bytes)
+            peak_rss_bytes=self.peak_rss_bytes, baseline_rss_bytes=self.baseline_rss_bytes,
+            meta=self.memory.run_meta())
