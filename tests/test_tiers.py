@@ -493,11 +493,14 @@ def test_numa_node_topology_parsing(tmp_path):
 
 
 def test_factory_names():
-    with pytest.raises(ValueError, match=r"cpu\+file, cpu\+mmap, cpu\+numa.*cuda\+host: not "
-                                         r"implemented yet"):
+    with pytest.raises(ValueError, match=r"cpu\+file, cpu\+mmap, cpu\+numa, cuda\+host"):
         make_memory_system("cpu+floppy")
-    with pytest.raises(ValueError, match=r"'cuda\+host' is not implemented yet"):
-        make_memory_system("cuda+host")
+    if not torch.cuda.is_available():
+        with pytest.raises(TierError, match=r"cuda\+host needs a CUDA GPU; torch.cuda.is_available\(\) "
+                                            r"is False"):
+            make_memory_system("cuda+host")
+    with pytest.raises(ValueError, match="fast_capacity_bytes is for cuda\\+host only"):
+        make_memory_system("cpu+file", fast_capacity_bytes=1 << 20)
     with make_memory_system("cpu+file") as ms:
         assert isinstance(ms, MemorySystem) and ms.name == "cpu+file"
 

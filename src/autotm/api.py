@@ -141,8 +141,13 @@ def run_workload(w, graph, cost_model, plan_obj, memory: MemorySystem, *, iterat
         return s
 
     if verify:
-        v = verify_replay(w, iterations, session_factory=factory, graph=graph, reference=reference)
-        return WorkloadRun(plan_obj, sessions[0].report(), v.identical, v.mismatches)
+        # on a GPU, eager PyTorch runs there too, and the comparison says what needed a tolerance
+        v = verify_replay(w, iterations, session_factory=factory, graph=graph, reference=reference,
+                          device=getattr(memory, "fast_device", None))
+        report = sessions[0].report()
+        if v.device != "cpu":
+            report.meta.update(v.meta())
+        return WorkloadRun(plan_obj, report, v.identical, v.mismatches)
     model = w.build_model()
     opt = w.make_optimizer(model.parameters())
     s = factory(graph, model, opt)

@@ -73,7 +73,7 @@ import torch.fx as fx
 from .costmodel import DIRECTIONS, MOVE_MODES, CostModel, MoveCost, operand_tensors
 from .graph import TrainingGraph
 from .profile_cache import ProfileCache
-from .replay import Replay
+from .replay import Replay, on_device
 
 log = logging.getLogger("autotm.profile")
 
@@ -139,9 +139,12 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def environment(memory_system: str) -> dict:
-    """What a measurement depends on besides the kernel: the cache key's environment part."""
-    return {
+def environment(memory_system: str, device: torch.device | None = None) -> dict:
+    """What a measurement depends on besides the kernel: the cache key's environment part.
+
+    `device`: the fast tier's device; for a GPU, "device" is the GPU's name (so CPU timings
+    are never reused for it) and the CUDA and cuDNN versions are part of the key."""
+    env = {
         "device": cpu_model(),
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
@@ -149,6 +152,10 @@ def environment(memory_system: str) -> dict:
         "torch": torch.__version__,
         "memory_system": memory_system,
     }
+    if device is not None and torch.device(device).type == "cuda":
+        env.update(device=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
+                   cudnn=torch.backends.cudnn.version())
+    return env
 
 
 # ------------------------------------------------------------------------------- timing
@@ -226,6 +233,21 @@ class _Enough(Exception):
     pass
 
 
+def _cuda_mark():
+    """A CUDA event recorded now on the current stream, with timing."""
+    ev = torch.cuda.Event(enable_timing=True)
+    ev.record()
+    return ev
+
+
+def _settle(lists) -> None:
+    """Replace (start, end) CUDA event pairs in `lists` by their seconds."""
+    for xs in lists:
+        for i, x in enumerate(xs):
+            if isinstance(x, tuple):
+                xs[i] = x[0].elapsed_time(x[1]) / 1e3
+
+
 class ProfilingReplay(Replay):
     """Runs iterations of the graph and times kernels where they run.
 
@@ -237,11 +259,15 @@ class ProfilingReplay(Replay):
     - Repeated (direct access): `batch_jobs[k]` lists placements timed with `time_call`
       on the real operands the first time kernel k is met (slow operands moved there for
       the timing); `record(k, key, seconds, n)` stores each result.
+    - On a GPU (the memory system's fast device), a launch returns before the kernel runs:
+      a sample is the time between CUDA events recorded on the stream around the call
+      (the gap after kernel k likewise), read once the iteration is done.
     """
 
     def __init__(self, graph: TrainingGraph, memory, batch_jobs: dict[int, list[tuple]], record: Callable,
                  need: set[str], samples: dict[str, list[list[float]]]):
-        super().__init__(graph)
+        super().__init__(graph, device=getattr(memory, "fast_device", None))
+        self.cuda = self.device is not None and self.device.type == "cuda"
         self.memory = memory
         self.batch_jobs = batch_jobs  # kernel index -> [(placement or None, cache placement key)]
         self.record = record
@@ -272,15 +298,27 @@ class ProfilingReplay(Replay):
             self.warm.add(sig)
             node = self.program.kernel_nodes[k]
             rng = torch.get_rng_state()
-            node.target(*fx.node.map_arg(node.args, self.materialize),
-                        **fx.node.map_arg(node.kwargs, self.materialize))
+            cuda_rng = torch.cuda.get_rng_state(self.device) if self.cuda else None
+            args = fx.node.map_arg(node.args, self.materialize)
+            kwargs = fx.node.map_arg(node.kwargs, self.materialize)
+            if self.device is not None:
+                args, kwargs = on_device(args, self.device), on_device(kwargs, self.device)
+            node.target(*args, **kwargs)
+            del args, kwargs
             torch.set_rng_state(rng)
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state(cuda_rng, self.device)
             # no sample right after the warm-up: it left the operands in the CPU caches
             super().run_kernel(k)
             return
-        t0 = time.perf_counter()
-        super().run_kernel(k)
-        dt = time.perf_counter() - t0
+        if self.cuda:  # events around the launch; settled into seconds after the iteration
+            t0 = _cuda_mark()
+            super().run_kernel(k)
+            dt = (t0, _cuda_mark())
+        else:
+            t0 = time.perf_counter()
+            super().run_kernel(k)
+            dt = time.perf_counter() - t0
         groups = self.samples.setdefault(sig, [])
         if self._group.get(sig) != self.iteration:  # one group of samples per iteration
             self._group[sig] = self.iteration
@@ -290,12 +328,12 @@ class ProfilingReplay(Replay):
     def after_kernel(self, k: int) -> None:
         # from here to the start of the next kernel: the interpreter's work after kernel k
         # (freeing the tensors that die there), a cost of the position, not the signature
-        self._open = (k, time.perf_counter())
+        self._open = (k, _cuda_mark() if self.cuda else time.perf_counter())
 
     def _close(self) -> None:
         if self._open is not None:
             k, t0 = self._open
-            self.position_samples[k].append(time.perf_counter() - t0)
+            self.position_samples[k].append((t0, _cuda_mark()) if self.cuda else time.perf_counter() - t0)
             self._open = None
 
     def before_kernel(self, k: int) -> None:
@@ -317,6 +355,10 @@ class ProfilingReplay(Replay):
             return {}
         finally:
             self._close()
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
+                _settle([g for groups in self.samples.values() for g in groups])
+                _settle(self.position_samples)
 
     def _time_kernel(self, k: int, jobs: list[tuple]) -> None:
         node = self.program.kernel_nodes[k]
@@ -445,6 +487,30 @@ def _while_computing(pending, a: torch.Tensor):
     return pending.wait()
 
 
+def _host_move_seconds(memory, t: torch.Tensor, load: torch.Tensor) -> dict[tuple[str, str], float]:
+    """Seconds of the four moves of `t` by the host's clock."""
+    got = {}
+    t0 = time.perf_counter()
+    h = memory.to_slow(-1, t)
+    got[("to_slow", "sync")] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    back = memory.to_fast(h)
+    got[("to_fast", "sync")] = time.perf_counter() - t0
+    del back
+    memory.free_slow(h)
+    # async: while this thread computes, as in the executor (the copy competes with
+    # the kernel it overlaps for cores and memory bandwidth)
+    t0 = time.perf_counter()
+    h = _while_computing(memory.start_to_slow(-1, t), load)
+    got[("to_slow", "async")] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    back = _while_computing(memory.start_to_fast(h), load)
+    got[("to_fast", "async")] = time.perf_counter() - t0
+    del back
+    memory.free_slow(h)
+    return got
+
+
 def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, repeats=MOVE_REPEATS,
                   recache: bool = False, progress: Callable[[str], None] | None = None,
                   stats: ProfileStats | None = None) -> dict[tuple[str, str], MoveCost]:
@@ -464,27 +530,11 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
         memory.start_to_fast(h).wait()
         memory.free_slow(h)
     load = torch.randn(192, 192)
+    # a GPU system times its own moves with CUDA events (the host clock sees launches only)
+    device_timed = getattr(memory, "move_seconds", None)
     for n, r in missing:
         t = torch.randint(0, 255, (n,), dtype=torch.uint8)
-        got = {}
-        t0 = time.perf_counter()
-        h = memory.to_slow(-1, t)
-        got[("to_slow", "sync")] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        back = memory.to_fast(h)
-        got[("to_fast", "sync")] = time.perf_counter() - t0
-        del back
-        memory.free_slow(h)
-        # async: while this thread computes, as in the executor (the copy competes with
-        # the kernel it overlaps for cores and memory bandwidth)
-        t0 = time.perf_counter()
-        h = _while_computing(memory.start_to_slow(-1, t), load)
-        got[("to_slow", "async")] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        back = _while_computing(memory.start_to_fast(h), load)
-        got[("to_fast", "async")] = time.perf_counter() - t0
-        del back
-        memory.free_slow(h)
+        got = device_timed(t) if device_timed is not None else _host_move_seconds(memory, t, load)
         for (d, m), s in got.items():
             cache.put_move(env, d, m, n, r, s)
             have[(d, m, n, r)] = s
@@ -554,7 +604,8 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
     try:
         stats = ProfileStats(total_kernels=len(graph.kernels), cache_path=str(db.path),
                              cache_rebuilt=db.rebuilt_reason, unique_kernels=graph.unique_signatures)
-        envd = environment(memory.name)
+        device = getattr(memory, "fast_device", None)
+        envd = environment(memory.name, device)
         env = db.environment(envd)
         have = {} if recache else db.kernel_times(env)  # recache: measure again, replace the rows
         pending = {} if recache else db.pending(env)
@@ -611,6 +662,8 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
         if need or batch_jobs or pos_missing:
             if inputs is None:
                 inputs = synthetic_inputs(graph)
+            if device is not None and device.type != "cpu":  # kernels run where the fast tier is
+                inputs = {tid: v.to(device) for tid, v in inputs.items()}
             samples = {sig: list(pending[sig][0]) for sig in need if sig in pending}
             iters = {sig: pending[sig][1] for sig in need if sig in pending}
             interp = ProfilingReplay(graph, memory, batch_jobs, record, need, samples)

@@ -37,6 +37,27 @@ def _layout(v) -> tuple | None:
     return (tuple(v.shape), tuple(v.stride()), v.storage_offset(), v.dtype)
 
 
+def on_device(value, device: torch.device):
+    """`value` (a kernel's args or kwargs) with every torch.device in it replaced by `device`:
+    a graph captured on the CPU creates its tensors (arange, ones, ...) on the device it
+    runs on."""
+    if isinstance(value, torch.device):
+        return device
+    if isinstance(value, dict):
+        return {k: on_device(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(on_device(v, device) for v in value)
+    return value
+
+
+def run_device(device) -> torch.device | None:
+    """The device a replay moves a CPU-captured graph to: None for the CPU (run as captured)."""
+    if device is None:
+        return None
+    device = torch.device(device)
+    return None if device.type == "cpu" else device
+
+
 def reuse_table(graph: TrainingGraph) -> list[tuple | None]:
     """Per kernel: (out overload, tensor id) when its output may be written into the storage
     of an input that dies at this kernel, as torch.optim's in-place updates do.
@@ -78,11 +99,16 @@ class Replay:
 
     Graph inputs passed to `run` may be overwritten: an input whose last use is a
     pointwise kernel lends its storage to that kernel's output.
+
+    `device`: run the (CPU-captured) graph's kernels on this device (e.g. a GPU): the
+    inputs must be there, and kernels that create tensors create them there. None or
+    the CPU: as captured.
     """
 
-    def __init__(self, graph: TrainingGraph):
+    def __init__(self, graph: TrainingGraph, device=None):
         self.graph = graph
         self.program = graph.program
+        self.device = run_device(device)
         self.env: dict[int, torch.Tensor] = {}
         self.reuse = reuse_table(graph)
         self.keep: set[int] = set()
@@ -112,6 +138,8 @@ class Replay:
         node = self.program.kernel_nodes[k]
         args = fx.node.map_arg(node.args, self.materialize)
         kwargs = fx.node.map_arg(node.kwargs, self.materialize)
+        if self.device is not None:
+            args, kwargs = on_device(args, self.device), on_device(kwargs, self.device)
         reuse = self.reuse[k]
         if reuse is not None and reuse[1] not in self.keep and reuse[1] in self.env:
             # the output's layout over the dying input's storage (its base value may be shaped otherwise)
@@ -152,7 +180,7 @@ class Replay:
         p = self.program
         self.env = dict(inputs)
         for tid, value in p.constants.items():
-            self.env.setdefault(tid, value)
+            self.env.setdefault(tid, value if self.device is None else value.to(self.device))
         for k in range(len(p.kernel_nodes)):
             self.before_kernel(k)
             self.execute_kernel(k)
@@ -245,7 +273,9 @@ class TrainingState:
             for n in p.param_names:
                 gi = p.param_groups[n]
                 for s in p.lowering.state_slots(gi):
-                    optimizer.state[named[n]][s] = self.values[f"opt:{n}:{s}"].clone()
+                    v = self.values[f"opt:{n}:{s}"]
+                    # state computed on another device (a GPU run) goes where its parameter is
+                    optimizer.state[named[n]][s] = v.clone() if v.device == named[n].device else v.to(named[n].device)
 
 
 def check_batch(graph: TrainingGraph, batch) -> tuple[torch.Tensor, ...]:

@@ -54,14 +54,22 @@ class EagerRun:
     optimizer: torch.optim.Optimizer
 
 
-def eager_training(w: Workload, iterations: int, *, seed: int = 0, digest=None) -> EagerRun:
-    """Train `w` eagerly for `iterations` on batches seed, seed+1, ... (the reference)."""
-    model = w.build_model(seed=seed)
+def eager_training(w: Workload, iterations: int, *, seed: int = 0, digest=None, device=None) -> EagerRun:
+    """Train `w` eagerly for `iterations` on batches seed, seed+1, ... (the reference).
+
+    `device`: train there (default: the CPU). On a GPU the optimizer takes its single-tensor
+    (for-loop) path, as it does on the CPU: the captured graph's update is that path's
+    kernels, and the multi-tensor (foreach) kernels eager PyTorch picks on a GPU may round
+    differently."""
+    model = w.build_model(seed=seed, device=device)
     opt = w.make_optimizer(model.parameters())
+    if device is not None and torch.device(device).type != "cpu":
+        for group in opt.param_groups:
+            group["foreach"] = False
     loss_fn = w.loss_fn()
     losses, grads = [], []
     for i in range(iterations):
-        x, y = w.make_batch(seed=seed + i)
+        x, y = w.make_batch(seed=seed + i, device=device)
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
         loss.backward()

@@ -2,7 +2,8 @@
 
 ``make_memory_system(name)`` builds one: ``cpu+file`` (DRAM + files with direct I/O, the
 default), ``cpu+mmap`` (DRAM + memory-mapped files, e.g. on a DAX mount), ``cpu+numa``
-(DRAM node + another NUMA memory node).
+(DRAM node + another NUMA memory node), ``cuda+host`` (GPU memory + pinned host memory,
+with a copy stream for asynchronous moves; needs a CUDA GPU).
 """
 
 from autotm.tiers.base import (

@@ -1,6 +1,6 @@
 """The memory-system interface: a fast tier, a slow tier, and moves between them.
 
-Every memory system (``cpu+file``, ``cpu+mmap``, ``cpu+numa``, later ``cuda+host``)
+Every memory system (``cpu+file``, ``cpu+mmap``, ``cpu+numa``, ``cuda+host``)
 implements :class:`MemorySystem`. A tensor here is one *storage*: a move carries the whole
 storage as raw bytes, and the :class:`SlowHandle` records dtype, shape, stride and storage
 offset, so any strided tensor (a non-contiguous view, a 0-dim tensor, an empty one)
@@ -36,8 +36,7 @@ from autotm.errors import AutotmError
 PAGE = 4096
 """Alignment of direct I/O buffers, file offsets and lengths, and of mapped regions."""
 
-MEMORY_SYSTEM_NAMES = ("cpu+file", "cpu+mmap", "cpu+numa")
-NOT_IMPLEMENTED_YET = ("cuda+host",)
+MEMORY_SYSTEM_NAMES = ("cpu+file", "cpu+mmap", "cpu+numa", "cuda+host")
 
 
 class TierError(AutotmError):
@@ -402,6 +401,18 @@ class MemorySystem(ABC):
                 raise TierError(f"cannot free slow tensor {h.key}: an asynchronous read of it "
                                 "is still running (wait for it first)")
 
+    # ---- the fast device (no-ops for CPU systems; cuda+host overrides them)
+
+    def synchronize(self) -> None:
+        """Wait until the work queued on the fast device is done (timing reads the clock after)."""
+
+    def reset_device_peaks(self) -> None:
+        """Start the fast device's allocator peaks afresh (a session's start)."""
+
+    def run_meta(self) -> dict:
+        """What this system adds to a run report's meta (e.g. the device allocator's peaks)."""
+        return {}
+
     # ---- lifetime
 
     def _check_open(self) -> None:
@@ -433,19 +444,25 @@ def _stop_worker(worker: IOWorker) -> None:
 
 
 def make_memory_system(name: str = "cpu+file", *, slow_dir: str | None = None,
-                       slow_capacity_bytes: int | None = None) -> MemorySystem:
+                       slow_capacity_bytes: int | None = None,
+                       fast_capacity_bytes: int | None = None) -> MemorySystem:
     """Build the memory system called `name`.
 
     Args:
         name: ``"cpu+file"`` (DRAM + files read and written with direct I/O),
-            ``"cpu+mmap"`` (DRAM + memory-mapped files, e.g. on a DAX mount) or
-            ``"cpu+numa"`` (DRAM node + another NUMA memory node).
+            ``"cpu+mmap"`` (DRAM + memory-mapped files, e.g. on a DAX mount),
+            ``"cpu+numa"`` (DRAM node + another NUMA memory node) or ``"cuda+host"``
+            (GPU memory + pinned host memory; needs a CUDA GPU, else TierError).
         slow_dir: where slow files go (a new private directory is made inside it);
             default: $AUTOTM_SLOW_DIR, else the system temp dir (if that is RAM-backed,
             /var/tmp). Ignored by ``cpu+numa``.
         slow_capacity_bytes: a hard limit on slow bytes in use; None: until the
             storage is full.
+        fast_capacity_bytes: ``cuda+host`` only: cap the CUDA caching allocator at this
+            many bytes (an emulated smaller GPU); None: the whole GPU.
     """
+    if fast_capacity_bytes is not None and name != "cuda+host":
+        raise ValueError(f"fast_capacity_bytes is for cuda+host only, not {name!r}")
     if name == "cpu+file":
         from autotm.tiers.file_tier import FileMemorySystem
         return FileMemorySystem(slow_dir, slow_capacity_bytes)
@@ -455,9 +472,9 @@ def make_memory_system(name: str = "cpu+file", *, slow_dir: str | None = None,
     if name == "cpu+numa":
         from autotm.tiers.numa_tier import NumaMemorySystem
         return NumaMemorySystem(slow_capacity_bytes=slow_capacity_bytes)
-    if name in NOT_IMPLEMENTED_YET:
-        raise ValueError(f"memory system {name!r} is not implemented yet; valid names: "
-                         f"{', '.join(MEMORY_SYSTEM_NAMES)}")
+    if name == "cuda+host":
+        from autotm.tiers.cuda_tier import CudaHostMemorySystem
+        return CudaHostMemorySystem(slow_capacity_bytes=slow_capacity_bytes,
+                                    fast_capacity_bytes=fast_capacity_bytes)
     raise ValueError(f"unknown memory system {name!r}; valid names: "
-                     f"{', '.join(MEMORY_SYSTEM_NAMES)} "
-                     f"({', '.join(NOT_IMPLEMENTED_YET)}: not implemented yet)")
+                     f"{', '.join(MEMORY_SYSTEM_NAMES)}")
