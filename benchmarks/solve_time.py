@@ -7,6 +7,11 @@ and the first-touch and lru baselines' predicted times from the same cost model 
 reference point (ratio = ILP / baseline, lower is better).
 
     python benchmarks/solve_time.py [--spec sim:nvme] [--ratio 4:1] [--models vgg19,resnet200,...]
+
+With several windows (--window 1,3,7,15,31) it measures instead the effect of the async
+window on the asynchronous formulation: per network, one synchronous solve (the warm
+start, as plan() does it), then one asynchronous solve per window, printing the predicted
+time relative to the window-15 plan (or the last window listed) and the solve time.
 """
 
 from __future__ import annotations
@@ -14,8 +19,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from autotm.planner import plan
+from autotm.planner import _best_baseline, plan
+from autotm.planner.ilp import solve_staged
 from autotm.profile import profile
+from autotm.simulate import simulate
 from autotm.workloads import capture_workload
 from autotm.zoo import workload
 
@@ -26,8 +33,11 @@ def main() -> None:
     ap.add_argument("--ratio", default="4:1")
     ap.add_argument("--models", default="vgg19,resnet200,inception_v4,densenet264")
     ap.add_argument("--time-limit", type=float, default=60.0)
-    ap.add_argument("--window", type=int, default=15)
+    ap.add_argument("--window", default="15", help="one window, or a list for the window study")
     args = ap.parse_args()
+    windows = [int(w) for w in args.window.split(",")]
+    if len(windows) > 1:
+        return window_study(args, windows)
     print(f"{'network':<36} {'formulation':<13} {'kernels':>7} {'vars':>7} {'rows':>7} {'nnz':>9} "
           f"{'build s':>7} {'solve s':>7} {'gap %':>6} {'pred s':>9} {'vs lru':>7} {'vs f-t':>7}")
     for name in args.models.split(","):
@@ -44,7 +54,7 @@ def main() -> None:
                 print(f"  {b}: {e}")
         for f in ("synchronous", "asynchronous"):
             try:
-                p = plan(g, cm, args.ratio, f, time_limit=args.time_limit, window=args.window)
+                p = plan(g, cm, args.ratio, f, time_limit=args.time_limit, window=windows[0], arena=False)
             except Exception as e:
                 print(f"{w.name:<36} {f:<13} {type(e).__name__}: {e}")
                 continue
@@ -54,6 +64,33 @@ def main() -> None:
                   f"{m['predicted_seconds']:>9.2f} {m['predicted_seconds'] / base['lru']:>7.3f} "
                   f"{m['predicted_seconds'] / base['first-touch']:>7.3f}", flush=True)
         print(f"  (capture + profile + plans: {time.perf_counter() - t0:.0f} s; simulated on {args.spec})", flush=True)
+
+
+def window_study(args, windows: list[int]) -> None:
+    from autotm.budget import parse_budget
+
+    ref_w = 15 if 15 in windows else windows[-1]
+    print(f"{'network':<36} {'window':>6} {'vars':>7} {'rows':>7} {'solve s':>7} {'gap %':>6} {'pred s':>9} "
+          f"{f'vs w{ref_w}':>7}", flush=True)
+    for name in args.models.split(","):
+        w = workload(name, "conventional")
+        g = capture_workload(w, fake=True)
+        cm = profile(g, args.spec)
+        budget = parse_budget(args.ratio, g.peak_live_bytes)
+        start = _best_baseline(g, cm, budget)
+        sync, st = solve_staged(g, cm, budget, formulation="synchronous", time_limit=args.time_limit / 4,
+                                warm_start=start[0] if start else None)
+        print(f"{w.name:<36} {'sync':>6} {st.variables:>7} {st.rows:>7} {st.solve_seconds:>7.1f} "
+              f"{100 * st.gap:>6.2f} {simulate(sync, g, cm).predicted_seconds:>9.3f}", flush=True)
+        rows = []
+        for win in windows:
+            p, st = solve_staged(g, cm, budget, formulation="asynchronous", window=win, time_limit=args.time_limit,
+                                 warm_start=sync)
+            rows.append((win, st, simulate(p, g, cm).predicted_seconds))
+        ref = next(pred for win, _, pred in rows if win == ref_w)
+        for win, st, pred in rows:
+            print(f"{w.name:<36} {win:>6} {st.variables:>7} {st.rows:>7} {st.solve_seconds:>7.1f} "
+                  f"{100 * st.gap:>6.2f} {pred:>9.3f} {pred / ref:>7.3f}", flush=True)
 
 
 if __name__ == "__main__":

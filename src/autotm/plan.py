@@ -44,6 +44,16 @@ A graph input's ``initial`` tier is where it starts; a produced tensor's is wher
 producer writes it ("slow" is only possible under direct access). A tensor written to
 slow by its producer, or starting in slow, already has its slow copy: evicting it is a
 second write and is rejected; use drop after a prefetch instead.
+
+Arena layout (optional)
+-----------------------
+A planner may also give a static layout of fast memory: ``Plan.arena_bytes`` and, per
+tensor, ``TensorPlan.offsets``, one byte offset for each interval of fast residency in
+time order (a tensor evicted and prefetched again has one interval per stay). Residency
+is counted on the half-step clock of ``autotm.validate.FastBlock`` (2k: kernel k after its
+sync moves; 2k + 1: while kernel k runs). The validator checks that blocks resident at the
+same step never overlap and all lie inside the arena. Plans without a layout omit both
+keys in JSON; older readers ignore them.
 """
 
 from __future__ import annotations
@@ -86,6 +96,9 @@ class TensorPlan:
     id: int
     initial: Literal["fast", "slow"]
     actions: tuple[Action, ...] = ()
+    # byte offset in the fast arena of each of the tensor's fast residencies, in time
+    # order (see Plan.arena_bytes); empty when the plan has no arena
+    offsets: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -101,6 +114,9 @@ class Plan:
     planner: str  # "all-fast", "ilp-synchronous", ...
     tensors: tuple[TensorPlan, ...]
     meta: dict = field(default_factory=dict)  # planner details: solve time, gap, sizes
+    # size of one fast-memory arena holding every fast residency at its offset
+    # (TensorPlan.offsets); None: no static layout (the runtime allocates)
+    arena_bytes: int | None = None
 
     # ---- checks against a graph -------------------------------------------------------
     def for_graph(self, graph: TrainingGraph) -> Plan:
@@ -119,6 +135,7 @@ class Plan:
             "budget_bytes": self.budget_bytes,
             "planner": self.planner,
             "meta": self.meta,
+            **({"arena_bytes": self.arena_bytes} if self.arena_bytes is not None else {}),
             "tensors": [_tensor_plan_to_dict(tp) for tp in self.tensors],
         }
 
@@ -167,6 +184,9 @@ class Plan:
                  "must be a non-negative integer or null")
         meta = r.get(d, "meta")
         r.expect(isinstance(meta, dict), "meta", "must be an object")
+        arena = d.get("arena_bytes")  # optional: plans without an arena layout omit it
+        r.expect(arena is None or (_is_int(arena) and arena >= 0), "arena_bytes",
+                 "must be a non-negative integer or null")
         raw_tensors = r.get(d, "tensors")
         r.expect(isinstance(raw_tensors, list), "tensors", "must be a list")
         tensors = []
@@ -183,12 +203,15 @@ class Plan:
                 r.expect(isinstance(keep, bool), f"{aw}.keep_fast", "must be true or false")
                 acts.append(Action(kind=r.choice(a, "kind", KINDS, aw), at=r.int(a, "at", aw),
                                    mode=r.choice(a, "mode", MODES, aw), keep_fast=keep))
+            offsets = t.get("offsets", [])
+            r.expect(isinstance(offsets, list) and all(_is_int(o) and o >= 0 for o in offsets),
+                     f"{where}.offsets", "must be a list of non-negative integers")
             tensors.append(TensorPlan(id=r.int(t, "id", where), initial=r.choice(t, "initial", TIERS, where),
-                                      actions=tuple(acts)))
+                                      actions=tuple(acts), offsets=tuple(offsets)))
         return cls(version=version, graph_name=r.str(d, "graph_name"),
                    graph_fingerprint=r.str(d, "graph_fingerprint"), memory_system=r.str(d, "memory_system"),
                    access=access, budget_bytes=budget, planner=r.str(d, "planner"),
-                   tensors=tuple(tensors), meta=meta)
+                   tensors=tuple(tensors), meta=meta, arena_bytes=arena)
 
 
 def _tensor_plan_to_dict(tp: TensorPlan) -> dict[str, Any]:
@@ -198,7 +221,10 @@ def _tensor_plan_to_dict(tp: TensorPlan) -> dict[str, Any]:
         if a.keep_fast:
             ad["keep_fast"] = True
         acts.append(ad)
-    return {"id": tp.id, "initial": tp.initial, "actions": acts}
+    d = {"id": tp.id, "initial": tp.initial, "actions": acts}
+    if tp.offsets:
+        d["offsets"] = list(tp.offsets)
+    return d
 
 
 def _is_int(v: Any) -> bool:

@@ -46,6 +46,18 @@ class KernelStep:
     fast_bytes: int  # fast bytes while the kernel runs (step 3), the kernel's peak
 
 
+@dataclass(frozen=True)
+class FastBlock:
+    """One interval of fast residency of one tensor: the bytes it holds from step `start`
+    to step `end` (inclusive), on the half-step clock 2k = kernel k after its sync moves,
+    2k + 1 = while kernel k runs. A tensor evicted and prefetched again has several."""
+
+    tensor: int
+    start: int
+    end: int
+    nbytes: int
+
+
 @dataclass(frozen=True, eq=False)
 class ValidationReport:
     peak_fast_bytes: int
@@ -53,6 +65,7 @@ class ValidationReport:
     bytes_to_slow: int  # bytes written by evicts
     bytes_to_fast: int  # bytes copied by prefetches
     moves: int  # number of copies: prefetches and evicts (drops copy nothing)
+    fast_blocks: tuple[FastBlock, ...] = ()  # by tensor, then start; the sum at any step is the fast bytes
 
 
 def validate(plan: Plan, graph: TrainingGraph, *, budget_bytes: int | None = None) -> ValidationReport:
@@ -64,9 +77,52 @@ def validate(plan: Plan, graph: TrainingGraph, *, budget_bytes: int | None = Non
     fast = np.zeros(len(graph.kernels), dtype=np.int64)
     for step in replay:
         fast[step.kernel] = step.fast_bytes
+    blocks = tuple(sorted(replay.fast_blocks, key=lambda b: (b.tensor, b.start)))
+    if plan.arena_bytes is not None or any(tp.offsets for tp in plan.tensors):
+        check_offsets(plan, graph, blocks)
     return ValidationReport(peak_fast_bytes=int(fast.max()) if len(fast) else 0, fast_bytes=fast,
                             bytes_to_slow=replay.bytes_to_slow, bytes_to_fast=replay.bytes_to_fast,
-                            moves=replay.moves)
+                            moves=replay.moves, fast_blocks=blocks)
+
+
+def check_offsets(plan: Plan, graph: TrainingGraph, blocks: tuple[FastBlock, ...]) -> None:
+    """Check the plan's arena: one offset per fast block of each tensor (in time order),
+    every block inside [0, arena_bytes), and no two blocks resident at the same step
+    overlapping in address. Raise PlanError otherwise."""
+    import bisect
+
+    if plan.arena_bytes is None:
+        raise PlanError("plan gives arena offsets but no arena_bytes")
+    by_tensor: dict[int, list[FastBlock]] = {}
+    for b in blocks:
+        by_tensor.setdefault(b.tensor, []).append(b)
+    placed = []  # (start, end, offset, nbytes, tensor)
+    for tp in plan.tensors:
+        bs = by_tensor.get(tp.id, [])
+        if len(tp.offsets) != len(bs):
+            raise PlanError(f"tensor {tp.id} ({graph.tensors[tp.id].name}) has {len(bs)} fast residencies "
+                            f"but {len(tp.offsets)} arena offsets")
+        for b, off in zip(bs, tp.offsets):
+            if not (isinstance(off, int) and 0 <= off and off + b.nbytes <= plan.arena_bytes):
+                raise PlanError(f"tensor {tp.id} ({graph.tensors[tp.id].name}): block [{off}, {off} + {b.nbytes}) "
+                                f"is outside the arena of {plan.arena_bytes} bytes")
+            placed.append((b.start, b.end, off, b.nbytes, tp.id))
+    # sweep the clock: at each step, the resident blocks sorted by offset must not overlap
+    events = sorted([(s, 1, i) for i, (s, _, _, _, _) in enumerate(placed)]
+                    + [(e + 1, 0, i) for i, (_, e, _, _, _) in enumerate(placed)])
+    active: list[tuple[int, int, int]] = []  # (offset, end address, index)
+    for _, is_start, i in events:
+        s, e, off, nb, tid = placed[i]
+        if not is_start:
+            active.remove((off, off + nb, i))
+            continue
+        j = bisect.bisect_left(active, (off, off + nb, i))
+        for other in active[max(0, j - 1):j + 1]:
+            o_off, o_end, o_i = other
+            if o_off < off + nb and off < o_end:
+                raise PlanError(f"arena collision: tensor {tid} at [{off}, {off + nb}) and tensor {placed[o_i][4]} "
+                                f"at [{o_off}, {o_end}) are both in fast memory at step {max(s, placed[o_i][0])}")
+        active.insert(j, (off, off + nb, i))
 
 
 class PlanReplay:
@@ -182,6 +238,19 @@ class PlanReplay:
         written = [None] * n_t  # why the tensor has a slow copy: a message fragment
         self._fast_set: set[int] = set()  # tensors holding fast bytes (resident or in flight)
         fast_set = self._fast_set
+        self.fast_blocks: list[FastBlock] = []
+        opened: dict[int, int] = {}  # tensor -> half-step its current fast block started
+
+        def hold(tid: int, step: int) -> None:
+            fast_set.add(tid)
+            if nbytes[tid]:
+                opened[tid] = step
+
+        def release(tid: int, step: int) -> None:
+            fast_set.discard(tid)
+            start = opened.pop(tid, None)
+            if start is not None and step >= start:  # (an input evicted before its first step held nothing)
+                self.fast_blocks.append(FastBlock(tid, start, step, nbytes[tid]))
         inputs_at: dict[int, list[int]] = {}
         frees_at: dict[int, list[int]] = {}
         for t in g.tensors:
@@ -198,7 +267,7 @@ class PlanReplay:
             for tid in inputs_at.get(k, ()):
                 if init_fast[tid]:
                     fast[tid] = _YES
-                    fast_set.add(tid)
+                    hold(tid, 2 * k)
                     used += nbytes[tid]
                 else:
                     slow[tid] = _YES
@@ -211,7 +280,7 @@ class PlanReplay:
                 if a.kind == "prefetch":
                     self._check_prefetch(tid, k, fast, slow)
                     fast[tid] = _YES
-                    fast_set.add(tid)
+                    hold(tid, 2 * k)
                     used += nbytes[tid]
                     self.bytes_to_fast += nbytes[tid]
                     self.moves += 1
@@ -223,12 +292,12 @@ class PlanReplay:
                     self.moves += 1
                     if not a.keep_fast:
                         fast[tid] = _NO
-                        fast_set.discard(tid)
+                        release(tid, 2 * k - 1)
                         used -= nbytes[tid]
                 else:
                     self._check_drop(tid, k, fast, slow)
                     fast[tid] = _NO
-                    fast_set.discard(tid)
+                    release(tid, 2 * k - 1)
                     used -= nbytes[tid]
             after_sync = used
             if budget is not None and used > budget:
@@ -241,7 +310,7 @@ class PlanReplay:
                 if a.kind == "prefetch":
                     self._check_prefetch(tid, k, fast, slow)
                     fast[tid] = _IN_FLIGHT
-                    fast_set.add(tid)
+                    hold(tid, 2 * k + 1)
                     used += nbytes[tid]
                     self.bytes_to_fast += nbytes[tid]
                     self.moves += 1
@@ -258,7 +327,7 @@ class PlanReplay:
             for tid in kern.outputs:
                 if init_fast[tid]:
                     fast[tid] = _YES
-                    fast_set.add(tid)
+                    hold(tid, 2 * k + 1)
                     used += nbytes[tid]
                 else:
                     slow[tid] = _YES
@@ -295,13 +364,13 @@ class PlanReplay:
                         slow[tid] = _YES
                     if a.kind == "drop" or not a.keep_fast:
                         fast[tid] = _NO
-                        fast_set.discard(tid)
+                        release(tid, 2 * k + 1)
                         used -= nbytes[tid]
 
             # (5) tensors whose live range ends here are freed in both tiers
             for tid in frees_at.get(k, ()):
                 if fast[tid] != _NO:
-                    fast_set.discard(tid)
+                    release(tid, 2 * k + 1)
                     used -= nbytes[tid]
                 fast[tid] = _NO
                 slow[tid] = _NO

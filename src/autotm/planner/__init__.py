@@ -17,8 +17,11 @@ from ..graph import Role, TrainingGraph
 from ..plan import Plan
 from ..simulate import simulate
 from ..validate import validate
+from .arena import with_arena
 from .baselines import all_fast, first_touch_plan, lru_plan
-from .ilp import InfeasibleBudget, solve_staged
+from .direct import solve_direct
+from .ilp import InfeasibleBudget, default_min_tensor_bytes, solve_staged
+from .static import all_slow_plan, first_touch_direct_plan, solve_static
 
 FORMULATIONS = ("static", "synchronous", "asynchronous")
 BASELINES = ("all-fast", "first-touch", "lru", "all-slow")
@@ -29,17 +32,27 @@ __all__ = ["plan", "FORMULATIONS", "BASELINES", "InfeasibleBudget"]
 
 def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str = "asynchronous", *,
          window: int = 15, time_limit: float = 60.0, mip_gap: float = 0.01, pin_params: bool = False,
-         warm_start: bool = True, threads: int | None = None, verbose: bool = False) -> Plan:
+         warm_start: bool = True, threads: int | None = None, verbose: bool = False, arena: bool = True,
+         defrag_retries: int = 3) -> Plan:
     """Plan `graph` for `budget` (bytes, "6GB", or a slow:fast ratio like "4:1").
 
     Args:
-        formulation: "synchronous" or "asynchronous" (the ILP; "static" needs a
-            direct-access memory system), or a baseline: "all-fast", "first-touch", "lru".
+        formulation: "synchronous" or "asynchronous" (the ILP), "static" (direct-access
+            memory systems only), or a baseline: "all-fast", "first-touch", "lru",
+            "all-slow" (direct access only).
         window: async moves may overlap kernels up to this many positions from the use.
         time_limit, mip_gap: solver limits; on a time limit the best plan found is
             returned with its gap in plan.meta["gap"].
         pin_params: keep weights, optimizer state, buffers, the batch and the loss in
             fast memory outside the budget (the original AutoTM's accounting).
+        arena: give every fast residency a static offset in one arena (planner/arena.py)
+            and report its size in plan.meta["arena_bytes"]; when the arena exceeds the
+            budget, plan again with the budget lowered by the overshoot (or by the bytes
+            lost to fragmentation, if more), up to `defrag_retries` times (the original's
+            defrag step). If it still does not fit, the plan with the smallest arena is
+            returned with meta["arena_fits"] False and a warning in meta["warning"]: the
+            plan itself is valid for the budget, only its static layout is larger (a
+            runtime allocator may still fit). meta["defrag_history"] lists the attempts.
     """
     if cost_model.graph_fingerprint and cost_model.graph_fingerprint != graph.fingerprint:
         raise ValueError("the cost model was profiled for another graph; profile this one first")
@@ -47,12 +60,7 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
         raise ValueError(f"unknown formulation {formulation!r}; choose one of {', '.join(FORMULATIONS + BASELINES)}")
     ms = cost_model.memory_system
     t0 = time.perf_counter()
-    meta: dict = {"formulation": formulation, "pin_params": pin_params}
     direct = cost_model.access == "direct"
-    if direct and formulation in ("synchronous", "asynchronous", "lru"):
-        raise NotImplementedError(
-            f"the {formulation} plan for direct-access memory systems ({ms}) is not implemented yet; "
-            "use static, first-touch or all-slow there, or a staged system (cpu+file, sim:nvme, sim:pcie-host)")
     if not direct and formulation in ("static", "all-slow"):
         raise ValueError(f"{formulation} needs a direct-access memory system (cpu+mmap, cpu+numa, sim:optane, sim:cxl)")
 
@@ -69,64 +77,152 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
     # a ratio is of the bytes the plan decides on: with pinned tensors, the paper's U
     base = int((graph.live_bytes - extra).max()) if extra is not None else graph.peak_live_bytes
     budget_bytes = base if (budget is None and formulation == "all-fast") else parse_budget(budget, base)
-    meta["requested_budget_bytes"] = budget_bytes
     validation_budget = budget_bytes + (int(extra.max()) if extra is not None else 0)
+    limit = None if formulation in ("all-fast", "all-slow") else validation_budget
+    opts = dict(window=window, time_limit=time_limit, mip_gap=mip_gap, pinned=pinned, extra=extra,
+                warm_start=warm_start and not pin_params, threads=threads, verbose=verbose)
 
+    attempts: list[Plan] = []
+    cut = 0  # bytes taken off the budget so that the arena fits
+    for retry in range(defrag_retries + 1 if arena and limit is not None else 1):
+        try:
+            p, meta = _solve(graph, cost_model, formulation, budget_bytes - cut, validation_budget - cut, **opts)
+        except InfeasibleBudget:
+            if not attempts:
+                raise
+            attempts[-1].meta["warning"] = (f"a budget {cut:,} bytes lower, to fit the arena, is infeasible")
+            break
+        p = dataclasses.replace(p, budget_bytes=limit, memory_system=ms)
+        report = validate(p, graph)
+        sim = simulate(p, graph, cost_model)
+        meta.update(formulation=formulation, pin_params=pin_params, requested_budget_bytes=budget_bytes,
+                    solver_budget_bytes=budget_bytes - cut, defrag_retries=retry,
+                    predicted_seconds=sim.predicted_seconds, peak_fast_bytes=report.peak_fast_bytes,
+                    bytes_to_slow=report.bytes_to_slow, bytes_to_fast=report.bytes_to_fast, moves=report.moves,
+                    simulated=bool(cost_model.simulated), budget_bytes=budget_bytes)
+        p = dataclasses.replace(p, meta=meta)
+        if not arena:
+            attempts.append(p)
+            break
+        p = with_arena(p, graph)
+        p.meta["arena_fits"] = limit is None or p.arena_bytes <= limit
+        attempts.append(p)
+        # plan again for less: by the overshoot (the original's rule), or by the bytes lost
+        # to fragmentation if that is more (a plan that far under the budget would fit if
+        # it fragmented as much; a smaller cut may just return the same plan)
+        next_cut = max(cut + p.arena_bytes - limit, p.arena_bytes - report.peak_fast_bytes)
+        if p.meta["arena_fits"] or next_cut >= budget_bytes:
+            break
+        cut = next_cut
+    fitting = [a for a in attempts if a.meta.get("arena_fits", True)]
+    p = fitting[0] if fitting else min(attempts, key=lambda a: a.arena_bytes)
+    if arena:  # each attempt: (budget solved for, arena bytes, fragmentation, predicted seconds)
+        p.meta["defrag_history"] = [(a.meta["solver_budget_bytes"], a.arena_bytes, a.meta["fragmentation"],
+                                     a.meta["predicted_seconds"]) for a in attempts]
+    if not fitting:
+        p.meta["warning"] = (f"the arena ({p.arena_bytes:,} bytes) exceeds the budget ({limit:,} bytes) after "
+                             f"{len(attempts) - 1} re-solves with a lower budget"
+                             + (f"; {p.meta['warning']}" if "warning" in p.meta else ""))
+    p.meta["plan_seconds"] = time.perf_counter() - t0
+    return p
+
+
+def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, window, time_limit, mip_gap,
+           pinned, extra, warm_start, threads, verbose) -> tuple[Plan, dict]:
+    """One plan for one budget, without meta on time or bytes (plan() adds those)."""
+    ms = cost_model.memory_system
+    direct = cost_model.access == "direct"
+    meta: dict = {}
+    ilp = dict(time_limit=time_limit, mip_gap=mip_gap, pinned=pinned, pinned_budget_extra=extra, threads=threads)
     if formulation == "all-fast":
         p = dataclasses.replace(all_fast(graph, ms), access=cost_model.access)
-    elif direct:
-        from .static import all_slow_plan, first_touch_direct_plan, solve_static
-
+    elif formulation == "lru":
+        p = lru_plan(graph, validation_budget, ms)
+        p = dataclasses.replace(p, access=cost_model.access)  # demand paging: valid under either access
+    elif direct and formulation in ("all-slow", "first-touch", "static"):
         if formulation == "all-slow":
             p = all_slow_plan(graph, cost_model)
         elif formulation == "first-touch":
             p = first_touch_direct_plan(graph, cost_model, validation_budget)
         else:
-            p, stats = solve_static(graph, cost_model, budget_bytes, time_limit=time_limit, mip_gap=mip_gap,
-                                    pinned=pinned, pinned_budget_extra=extra, threads=threads, verbose=verbose)
-            meta.update(solve_seconds=stats.solve_seconds, build_seconds=stats.build_seconds, gap=stats.gap,
-                        status=stats.status, objective_seconds=stats.objective, variables=stats.variables,
-                        binaries=stats.binaries, rows=stats.rows, nonzeros=stats.nonzeros)
+            p, stats = solve_static(graph, cost_model, budget_bytes, verbose=verbose, **ilp)
+            meta.update(_stats_meta(stats))
     elif formulation == "first-touch":
         p = first_touch_plan(graph, validation_budget, ms)
-    elif formulation == "lru":
-        p = lru_plan(graph, validation_budget, ms)
     else:
-        start = _best_baseline(graph, cost_model, validation_budget) if warm_start and not pin_params else None
+        solve = solve_direct if direct else solve_staged
+        start = None
+        if warm_start:
+            start = (_best_direct_start(graph, cost_model, budget_bytes, validation_budget, ilp) if direct
+                     else _best_baseline(graph, cost_model, validation_budget))
         if formulation == "asynchronous" and warm_start:
             # every synchronous plan is an asynchronous plan: solve the small model first
-            sync_plan, _ = solve_staged(graph, cost_model, budget_bytes, formulation="synchronous",
-                                        time_limit=time_limit / 4, mip_gap=mip_gap, pinned=pinned,
-                                        pinned_budget_extra=extra, threads=threads,
-                                        warm_start=start[0] if start else None)
-            start = (sync_plan, "synchronous")
-        p, stats = solve_staged(graph, cost_model, budget_bytes, formulation=formulation, window=window,
-                                time_limit=time_limit, mip_gap=mip_gap, pinned=pinned, pinned_budget_extra=extra,
-                                threads=threads, warm_start=start[0] if start else None, verbose=verbose)
-        meta.update(solve_seconds=stats.solve_seconds, build_seconds=stats.build_seconds, gap=stats.gap,
-                    status=stats.status, objective_seconds=stats.objective, variables=stats.variables,
-                    binaries=stats.binaries, rows=stats.rows, nonzeros=stats.nonzeros,
-                    capacity_rows_dropped=stats.rows_dropped, window=window,
+            try:
+                sync_plan, _ = solve(graph, cost_model, budget_bytes, formulation="synchronous",
+                                     **dict(ilp, time_limit=time_limit / 4), warm_start=start[0] if start else None)
+                start = (sync_plan, "synchronous")
+            except TimeoutError:  # no synchronous plan in time: start from the baseline
+                pass
+        p, stats = solve(graph, cost_model, budget_bytes, formulation=formulation, window=window,
+                         warm_start=start[0] if start else None, verbose=verbose, **ilp)
+        meta.update(_stats_meta(stats), capacity_rows_dropped=stats.rows_dropped, window=window,
                     warm_start=start[1] if start else None)
+        if start is not None:
+            # the solver keeps a feasible warm start as its incumbent; should it ever return
+            # something slower (a start it could not use, then a time limit), keep the start
+            mine = simulate(p, graph, cost_model).predicted_seconds
+            theirs = simulate(start[0], graph, cost_model).predicted_seconds
+            if theirs < mine * (1 - 1e-9):
+                p = dataclasses.replace(start[0], planner=formulation)
+                meta.update(objective_seconds=theirs, warm_start_kept=True)
     if formulation not in ("synchronous", "asynchronous", "static"):
         meta.update(solve_seconds=0.0, gap=0.0, status="baseline")
-    budget_for_plan = None if formulation in ("all-fast", "all-slow") else validation_budget
-    p = dataclasses.replace(p, budget_bytes=budget_for_plan, memory_system=ms)
-    report = validate(p, graph)
-    sim = simulate(p, graph, cost_model)
-    meta.update(predicted_seconds=sim.predicted_seconds, peak_fast_bytes=report.peak_fast_bytes,
-                bytes_to_slow=report.bytes_to_slow, bytes_to_fast=report.bytes_to_fast, moves=report.moves,
-                simulated=bool(cost_model.simulated), plan_seconds=time.perf_counter() - t0,
-                budget_bytes=budget_bytes)
-    return dataclasses.replace(p, meta=meta)
+    return p, meta
+
+
+def _stats_meta(stats) -> dict:
+    return dict(solve_seconds=stats.solve_seconds, build_seconds=stats.build_seconds, gap=stats.gap,
+                status=stats.status, objective_seconds=stats.objective, variables=stats.variables,
+                binaries=stats.binaries, rows=stats.rows, nonzeros=stats.nonzeros)
+
+
+def _best_direct_start(graph, cost_model, budget_bytes, validation_budget, ilp):
+    """The fastest of the static ILP's plan and the direct baselines, as a warm start."""
+    small = frozenset(t.id for t in graph.tensors if t.nbytes < default_min_tensor_bytes(graph))
+    cands = []
+    try:
+        cands.append((solve_static(graph, cost_model, budget_bytes, **dict(ilp, time_limit=ilp["time_limit"] / 4))[0],
+                      "static"))
+    except (InfeasibleBudget, TimeoutError):
+        pass
+    for name, make in (("first-touch", lambda: first_touch_direct_plan(graph, cost_model, validation_budget)),
+                       ("lru", lambda: dataclasses.replace(lru_plan(graph, validation_budget, cost_model.memory_system,
+                                                                    keep_fast=small), access="direct"))):
+        try:
+            cands.append((make(), name))
+        except InfeasibleBudget:
+            pass
+    best = None
+    for p, name in cands:
+        try:
+            validate(p, graph, budget_bytes=validation_budget)
+        except Exception:
+            continue
+        t = simulate(p, graph, cost_model).predicted_seconds
+        if best is None or t < best[2]:
+            best = (p, name, t)
+    return (best[0], best[1]) if best else None
 
 
 def _best_baseline(graph, cost_model, budget):
-    """The fastest feasible baseline plan, as a warm start for the ILP."""
+    """The fastest feasible baseline plan, as a warm start for the ILP. The baselines keep
+    the tensors the ILP does not move (ilp.default_min_tensor_bytes) in fast memory, so that the
+    start is a solution of the model."""
     best = None
+    small = frozenset(t.id for t in graph.tensors if t.nbytes < default_min_tensor_bytes(graph))
     for name, make in (("lru", lru_plan), ("first-touch", first_touch_plan)):
         try:
-            p = make(graph, budget, cost_model.memory_system)
+            p = make(graph, budget, cost_model.memory_system, keep_fast=small)
             validate(p, graph)
             t = simulate(p, graph, cost_model).predicted_seconds
         except Exception:

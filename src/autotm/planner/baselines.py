@@ -44,12 +44,29 @@ def _minimum(graph: TrainingGraph, budget: int) -> None:
         raise InfeasibleBudget(budget, need[k], f"kernel {k} ({graph.kernels[k].op}) and its operands")
 
 
-def first_touch_plan(graph: TrainingGraph, budget: int, memory_system: str = "cpu+file") -> Plan:
-    """Fast while there is room at creation, else slow for life (staged in for each use)."""
+def first_touch_plan(graph: TrainingGraph, budget: int, memory_system: str = "cpu+file", *,
+                     keep_fast: frozenset[int] = frozenset()) -> Plan:
+    """Fast while there is room at creation, else slow for life (staged in for each use).
+
+    Room is kept for staging: at first the largest set of operands of one kernel; when
+    the staged copies of several slow tensors still overlap beyond the budget, the
+    reserve grows by the excess and the placement is made again."""
+    from ..validate import validate
+
     _minimum(graph, budget)
+    reserve = max(sum(graph.tensors[t].nbytes for t in o) for o in _operands(graph))
+    while True:
+        p = _first_touch(graph, budget, memory_system, reserve, keep_fast)
+        over = validate(p, graph, budget_bytes=2**62).peak_fast_bytes - budget
+        if over <= 0:
+            return p
+        if reserve >= budget:
+            raise InfeasibleBudget(budget, budget + over, "first-touch placement with its staged copies")
+        reserve = min(budget, reserve + over)
+
+
+def _first_touch(graph: TrainingGraph, budget: int, memory_system: str, reserve: int, keep_fast) -> Plan:
     n = len(graph.kernels)
-    ops = _operands(graph)
-    reserve = max(sum(graph.tensors[t].nbytes for t in o) for o in ops)  # room to stage a kernel's operands
     uses = _uses(graph)
     home_fast_bytes = np.zeros(n + 1, dtype=np.int64)  # bytes of fast-homed tensors live at each kernel
     initial: dict[int, str] = {}
@@ -58,7 +75,8 @@ def first_touch_plan(graph: TrainingGraph, budget: int, memory_system: str = "cp
     for t in order:
         a, b = t.live
         fits = home_fast_bytes[a] + t.nbytes + reserve <= budget
-        must_fast = t.role in (Role.INPUT, Role.SCALAR, Role.CONSTANT, Role.OUTPUT) or not uses[t.id]
+        must_fast = (t.role in (Role.INPUT, Role.SCALAR, Role.CONSTANT, Role.OUTPUT) or not uses[t.id]
+                     or t.id in keep_fast)
         if fits or must_fast:
             home_fast_bytes[a:b + 1] += t.nbytes
             continue
@@ -95,8 +113,11 @@ def _runs(uses: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def lru_plan(graph: TrainingGraph, budget: int, memory_system: str = "cpu+file") -> Plan:
-    """Demand paging: fetch operands on use, evict the least recently used to make room."""
+def lru_plan(graph: TrainingGraph, budget: int, memory_system: str = "cpu+file", *,
+             keep_fast: frozenset[int] = frozenset()) -> Plan:
+    """Demand paging: fetch operands on use, evict the least recently used to make room.
+
+    `keep_fast`: tensors never evicted (the ILP's warm start: those it does not move)."""
     _minimum(graph, budget)
     n = len(graph.kernels)
     ops = _operands(graph)
@@ -109,7 +130,7 @@ def lru_plan(graph: TrainingGraph, budget: int, memory_system: str = "cpu+file")
     inputs = [t for t in graph.tensors if t.producer is None]
     first_use = {t.id: (t.users[0] if t.users else 0) for t in inputs}
     for t in sorted(inputs, key=lambda t: first_use[t.id]):
-        if used + t.nbytes <= budget:
+        if used + t.nbytes <= budget or t.id in keep_fast:
             resident[t.id] = None
             used += t.nbytes
         else:
@@ -129,7 +150,7 @@ def lru_plan(graph: TrainingGraph, budget: int, memory_system: str = "cpu+file")
         for t in list(resident):
             if used + room <= budget:
                 break
-            if t in ops[k]:
+            if t in ops[k] or t in keep_fast:
                 continue
             victims.append(t)
             del resident[t]

@@ -87,6 +87,7 @@ class _Vars:
         self.upper: list[np.ndarray] = []
         self.cost: list[np.ndarray] = []
         self.integer: list[np.ndarray] = []
+        self.extra_cost: dict[int, float] = {}  # added to a column's cost after it was made
 
     def add(self, count: int, *, cost=0.0, lower=0.0, upper=1.0, integer=True) -> np.ndarray:
         idx = np.arange(self.n, self.n + count)
@@ -96,6 +97,15 @@ class _Vars:
         self.cost.append(np.broadcast_to(np.asarray(cost, float), (count,)).copy())
         self.integer.append(np.full(count, 1 if integer else 0, dtype=np.int8))
         return idx
+
+    def add_cost(self, col: int, delta: float) -> None:
+        self.extra_cost[col] = self.extra_cost.get(col, 0.0) + delta
+
+    def cost_vector(self) -> np.ndarray:
+        c = np.concatenate(self.cost) if self.cost else np.zeros(0)
+        for col, d in self.extra_cost.items():
+            c[col] += d
+        return c
 
 
 class _Rows:
@@ -159,6 +169,12 @@ def _candidates(kernels: range, T: np.ndarray, copy_seconds: float, limit: int) 
     return sorted(good or ks[:1])
 
 
+def default_min_tensor_bytes(graph: TrainingGraph) -> int:
+    """Tensors smaller than this stay in fast memory: moving one cannot change a plan's
+    speed measurably, and leaving them out keeps the model small."""
+    return graph.peak_live_bytes // 20000
+
+
 def minimum_budget(graph: TrainingGraph, segs: list[TensorSegments]) -> tuple[int, int]:
     """(bytes, kernel): the most bytes any kernel must hold in fast memory under staged access."""
     n = len(graph.kernels)
@@ -190,8 +206,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     t_build = time.perf_counter()
     n = len(graph.kernels)
     if min_tensor_bytes is None:
-        # moving a tensor smaller than this cannot change a plan's speed measurably
-        min_tensor_bytes = graph.peak_live_bytes // 20000
+        min_tensor_bytes = default_min_tensor_bytes(graph)
     pairs = carried_pairs(graph)
     segs = tensor_segments(graph, min_bytes=min_tensor_bytes, pinned=pinned, pairs=pairs)
     need, need_k = minimum_budget(graph, segs)
@@ -301,36 +316,8 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
         Rw.add("async overlap", [t for t, _ in terms] + [col], [v for _, v in terms] + [-1.0], -np.inf, 0.0)
     constant_time = float(sum(T[c] for c in range(n) if c not in y))
 
-    # capacity rows, in KiB:  sum_t s_t R[t,j] <= B  for every kernel j, built from the
-    # intervals with numpy. Rows with the same variables differ only in their constant:
-    # keep the tightest of each such group (the others are implied).
     rhs = (budget + extra.astype(np.float64) - cap_const - MARGIN_BYTES) / SCALE
-    dropped = 0
-    if cap_iv:
-        iv = np.asarray(cap_iv, dtype=np.float64)
-        j0, j1, col, coef = iv[:, 0].astype(np.int64), iv[:, 1].astype(np.int64), iv[:, 2].astype(np.int64), iv[:, 3]
-        length = j1 - j0 + 1
-        first = np.cumsum(length) - length
-        rows = np.repeat(j0, length) + (np.arange(int(length.sum())) - np.repeat(first, length))
-        cols = np.repeat(col, length)
-        vals = np.repeat(coef, length) / SCALE
-        rng = np.random.default_rng(12345)
-        w1, w2 = rng.random(V.n), rng.random(V.n)
-        sig1 = np.bincount(rows, weights=w1[cols], minlength=n)
-        sig2 = np.bincount(rows, weights=w2[cols], minlength=n)
-        has = np.bincount(rows, minlength=n) > 0
-        order = np.lexsort((rhs, sig2, sig1))
-        order = order[has[order]]
-        key1, key2 = sig1[order], sig2[order]
-        new_group = np.ones(len(order), dtype=bool)
-        new_group[1:] = (key1[1:] != key1[:-1]) | (key2[1:] != key2[:-1])
-        keep = np.sort(order[new_group])  # the smallest rhs of each group comes first
-        dropped = int(has.sum()) - len(keep)
-        local = np.full(n, -1, dtype=np.int64)
-        local[keep] = np.arange(len(keep))
-        sel = local[rows] >= 0
-        Rw.add_block("capacity", local[rows[sel]], cols[sel], vals[sel],
-                     np.full(len(keep), -np.inf), rhs[keep])
+    dropped = capacity_rows(Rw, V, cap_iv, rhs, n)
 
     # ---- pass the model to HiGHS as arrays -----------------------------------------
     stats = ILPStats(variables=V.n, rows_dropped=dropped, families={k: tuple(v) for k, v in Rw.family_counts.items()})
@@ -345,24 +332,46 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     stats.build_seconds = time.perf_counter() - t_build
 
     x0 = _warm_start_vector(warm_start, V.n, seg_vars, start_slow, y, T, async_terms) if warm_start else None
-    x, info, status = _run(h, highspy, x0, time_limit, stats)
-    obj_x = float(lp.col_cost_ @ x + constant_time) if x is not None else np.nan
-    if x is not None and x0 is not None and abs(obj_x - info.objective_function_value) > 1e-7 * max(1.0, abs(obj_x)):
-        # HiGHS 1.16 can report the better objective while returning the warm start's
-        # values: solve again from scratch rather than return a plan that is not the optimum
-        h.passModel(lp)
-        x, info, status = _run(h, highspy, None, time_limit, stats)
-        obj_x = float(lp.col_cost_ @ x + constant_time) if x is not None else np.nan
-    stats.status = h.modelStatusToString(status)
+    x = solve_model(h, highspy, lp, x0, constant_time, time_limit, stats)
     if x is None:
-        if status in (highspy.HighsModelStatus.kTimeLimit, highspy.HighsModelStatus.kInterrupt):
-            raise TimeoutError(f"the solver found no plan within {time_limit:.0f} s; raise the time limit")
         raise InfeasibleBudget(budget, need, f"kernel {need_k} ({graph.kernels[need_k].op})")
-    bound = info.mip_dual_bound if np.isfinite(info.mip_dual_bound) else obj_x
-    stats.objective = obj_x  # the returned plan's own value (the simulator's number)
-    stats.gap = max(0.0, (obj_x - bound) / max(abs(obj_x), 1e-12))
     plan = _decode(graph, cost, budget, formulation, x, segs, seg_vars, start_slow)
     return plan, stats
+
+
+def capacity_rows(R: _Rows, V: _Vars, cap_iv: list[tuple[int, int, int, float]], rhs: np.ndarray, n: int) -> int:
+    """Add the capacity rows, in KiB: sum_t s_t R[t,j] <= B for every kernel j, built with
+    numpy from intervals (variable `col` adds `coef` bytes at kernels j0..j1; `rhs[j]` is
+    the budget less the bytes counted as constants, in KiB). Rows with the same variables
+    differ only in their constant: keep the tightest of each such group (the others are
+    implied). Returns how many rows were dropped so."""
+    if not cap_iv:
+        return 0
+    iv = np.asarray(cap_iv, dtype=np.float64)
+    j0, j1, col, coef = iv[:, 0].astype(np.int64), iv[:, 1].astype(np.int64), iv[:, 2].astype(np.int64), iv[:, 3]
+    length = j1 - j0 + 1
+    first = np.cumsum(length) - length
+    rows = np.repeat(j0, length) + (np.arange(int(length.sum())) - np.repeat(first, length))
+    cols = np.repeat(col, length)
+    vals = np.repeat(coef, length) / SCALE
+    rng = np.random.default_rng(12345)
+    w1, w2 = rng.random(V.n), rng.random(V.n)
+    sig1 = np.bincount(rows, weights=w1[cols], minlength=n)
+    sig2 = np.bincount(rows, weights=w2[cols], minlength=n)
+    has = np.bincount(rows, minlength=n) > 0
+    order = np.lexsort((rhs, sig2, sig1))
+    order = order[has[order]]
+    key1, key2 = sig1[order], sig2[order]
+    new_group = np.ones(len(order), dtype=bool)
+    new_group[1:] = (key1[1:] != key1[:-1]) | (key2[1:] != key2[:-1])
+    keep = np.sort(order[new_group])  # the smallest rhs of each group comes first
+    dropped = int(has.sum()) - len(keep)
+    local = np.full(n, -1, dtype=np.int64)
+    local[keep] = np.arange(len(keep))
+    sel = local[rows] >= 0
+    R.add_block("capacity", local[rows[sel]], cols[sel], vals[sel],
+                np.full(len(keep), -np.inf), rhs[keep])
+    return dropped
 
 
 def highs_model(highspy, V: _Vars, R: _Rows, offset: float, *, time_limit: float, mip_gap: float,
@@ -376,7 +385,7 @@ def highs_model(highspy, V: _Vars, R: _Rows, offset: float, *, time_limit: float
         h.setOptionValue("threads", int(threads))
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = V.n, R.n
-    lp.col_cost_ = np.concatenate(V.cost)
+    lp.col_cost_ = V.cost_vector()
     lp.col_lower_ = np.concatenate(V.lower)
     lp.col_upper_ = np.concatenate(V.upper)
     lp.row_lower_ = np.asarray(R.lo, dtype=float)
@@ -396,6 +405,29 @@ def highs_model(highspy, V: _Vars, R: _Rows, offset: float, *, time_limit: float
     lp.a_matrix_.value_ = vals
     h.passModel(lp)
     return h, lp
+
+
+def solve_model(h, highspy, lp, x0, constant: float, time_limit: float, stats: ILPStats):
+    """Run HiGHS (from the warm start x0 if given) and fill stats: status, objective (the
+    returned solution's own value) and gap. Returns the solution, or None when the model
+    is infeasible; TimeoutError when the time limit passed before any solution."""
+    x, info, status = _run(h, highspy, x0, time_limit, stats)
+    obj_x = float(lp.col_cost_ @ x + constant) if x is not None else np.nan
+    if x is not None and x0 is not None and abs(obj_x - info.objective_function_value) > 1e-7 * max(1.0, abs(obj_x)):
+        # HiGHS 1.16 can report the better objective while returning the warm start's
+        # values: solve again from scratch rather than return a plan that is not the optimum
+        h.passModel(lp)
+        x, info, status = _run(h, highspy, None, time_limit, stats)
+        obj_x = float(lp.col_cost_ @ x + constant) if x is not None else np.nan
+    stats.status = h.modelStatusToString(status)
+    if x is None:
+        if status in (highspy.HighsModelStatus.kTimeLimit, highspy.HighsModelStatus.kInterrupt):
+            raise TimeoutError(f"the solver found no plan within {time_limit:.0f} s; raise the time limit")
+        return None
+    bound = info.mip_dual_bound if np.isfinite(info.mip_dual_bound) else obj_x
+    stats.objective = obj_x
+    stats.gap = max(0.0, (obj_x - bound) / max(abs(obj_x), 1e-12))
+    return x
 
 
 def _run(h, highspy, x0, time_limit, stats):

@@ -31,7 +31,7 @@ import numpy as np
 from ..costmodel import CostModel, operand_tensors
 from ..graph import Role, TrainingGraph
 from ..plan import Plan, TensorPlan
-from .ilp import MARGIN_BYTES, SCALE, ILPStats, InfeasibleBudget, _Rows, _run, _Vars, highs_model
+from .ilp import MARGIN_BYTES, SCALE, ILPStats, InfeasibleBudget, _Rows, _Vars, highs_model, solve_model
 from .segments import carried_pairs
 
 FIXED_FAST = (Role.INPUT, Role.SCALAR, Role.CONSTANT, Role.OUTPUT)
@@ -101,33 +101,10 @@ def solve_static(graph: TrainingGraph, cost: CostModel, budget: int, *, time_lim
     for k in range(n):
         kern = graph.kernels[k]
         ops = operand_tensors(kern.inputs, kern.outputs)
-        free = [i for i, t in enumerate(ops) if t in z]
-        base = cost.kernel_time(k)
-        if not free:
-            constant += base
-            continue
-        table = cost.placement_seconds.get(k, {})
-        combos = []
-        for bits in itertools.product(("fast", "slow"), repeat=len(free)):
-            c = ["fast"] * len(ops)
-            for i, b in zip(free, bits):
-                c[i] = b
-            combos.append(tuple(c))
-        if all(c in table or "slow" not in c for c in combos):
-            vs = V.add(len(combos), cost=[table.get(c, base) if "slow" in c else base for c in combos])
-            R.add("config", list(vs), [1.0] * len(vs), 1.0, 1.0)
-            for col, c in zip(vs, combos):
-                for i in free:
-                    if c[i] == "slow":
-                        R.add("config", [int(col), z[ops[i]]], [1.0, -1.0], -np.inf, 0.0)
-                    else:
-                        R.add("config", [int(col), z[ops[i]]], [1.0, 1.0], -np.inf, 1.0)
-        else:  # additive, as CostModel.kernel_time does for partially profiled kernels
-            constant += base
-            for i in free:
-                one = tuple("slow" if j == i else "fast" for j in range(len(ops)))
-                delta = table.get(one, base) - base
-                _add_cost(V, z[ops[i]], delta)
+        const, terms, _ = kernel_time_terms(V, R, cost, k, ops, {t: z[t] for t in ops if t in z})
+        constant += const
+        for col, coef in terms:
+            V.add_cost(col, coef)
     # capacity: -sum s_t z[t] <= B - live_bytes[k]
     rows, cols, vals = [], [], []
     for tid in can:
@@ -148,24 +125,49 @@ def solve_static(graph: TrainingGraph, cost: CostModel, budget: int, *, time_lim
                         verbose=verbose)
     stats.binaries, stats.rows, stats.nonzeros = V.n, R.n, len(lp.a_matrix_.value_)
     stats.build_seconds = time.perf_counter() - t0
-    x, info, status = _run(h, highspy, None, time_limit, stats)
-    stats.status = h.modelStatusToString(status)
+    x = solve_model(h, highspy, lp, None, constant, time_limit, stats)
     if x is None:
-        if status in (highspy.HighsModelStatus.kTimeLimit, highspy.HighsModelStatus.kInterrupt):
-            raise TimeoutError(f"the solver found no plan within {time_limit:.0f} s; raise the time limit")
         raise InfeasibleBudget(budget, int(fixed[k_need]), f"kernel {k_need} ({graph.kernels[k_need].op})")
-    obj = float(lp.col_cost_ @ x + constant)
-    bound = info.mip_dual_bound if np.isfinite(info.mip_dual_bound) else obj
-    stats.objective, stats.gap = obj, max(0.0, (obj - bound) / max(abs(obj), 1e-12))
     slow = {tid for tid, col in z.items() if x[col] > 0.5}
     return _direct_plan(graph, cost, budget, "static", slow), stats
 
 
-def _add_cost(V: _Vars, col: int, delta: float) -> None:
-    """Add `delta` to the objective coefficient of column `col`."""
-    start = 0
-    for block in V.cost:
-        if col < start + len(block):
-            block[col - start] += delta
-            return
-        start += len(block)
+def kernel_time_terms(V: _Vars, R: _Rows, cost: CostModel, k: int, ops: tuple[int, ...],
+                      slow: dict[int, int]) -> tuple[float, list[tuple[int, float]], bool]:
+    """Kernel k's time as constant + sum coef * x[col]. `ops` are its operands in placement
+    order; `slow` maps an operand to the binary column that says it is in slow memory at k
+    (operands not in it are fast).
+
+    With every placement of the free operands profiled, adds one binary v[k,c] per
+    placement c, constrained so that exactly the one matching the operands' tiers is 1,
+    and returns their times; otherwise the additive model of CostModel.kernel_time.
+    The flag says which: True when the columns are the v[k,c], in itertools.product
+    order over the free operands ("fast" before "slow").
+    """
+    base = cost.kernel_time(k)
+    free = [i for i, t in enumerate(ops) if t in slow]
+    if not free:
+        return base, [], False
+    table = cost.placement_seconds.get(k, {})
+    combos = []
+    for bits in itertools.product(("fast", "slow"), repeat=len(free)):
+        c = ["fast"] * len(ops)
+        for i, b in zip(free, bits):
+            c[i] = b
+        combos.append(tuple(c))
+    if all(c in table or "slow" not in c for c in combos):
+        vs = V.add(len(combos))
+        R.add("config", list(vs), [1.0] * len(vs), 1.0, 1.0)
+        for col, c in zip(vs, combos):
+            for i in free:
+                if c[i] == "slow":
+                    R.add("config", [int(col), slow[ops[i]]], [1.0, -1.0], -np.inf, 0.0)
+                else:
+                    R.add("config", [int(col), slow[ops[i]]], [1.0, 1.0], -np.inf, 1.0)
+        return 0.0, [(int(col), table.get(c, base) if "slow" in c else base) for col, c in zip(vs, combos)], True
+    # additive, as CostModel.kernel_time does for partially profiled kernels
+    terms = []
+    for i in free:
+        one = tuple("slow" if j == i else "fast" for j in range(len(ops)))
+        terms.append((slow[ops[i]], table.get(one, base) - base))
+    return base, terms, False

@@ -1,0 +1,162 @@
+"""The fast-memory arena: offsets for every fast residency, checked by the validator."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autotm.graph import Role
+from autotm.plan import Plan, PlanError, evict_all_activations_plan
+from autotm.planner import plan
+from autotm.planner.arena import ALIGNMENT, assign_offsets, with_arena
+from autotm.planner.baselines import lru_plan
+from autotm.validate import FastBlock, validate
+from graphs import make_graph
+from test_planner import chain_with_one_big_activation, cost_model
+
+
+def collide(blocks, offsets, sizes):
+    for i in range(len(blocks)):
+        for j in range(i):
+            a, b = blocks[i], blocks[j]
+            if a.start <= b.end and b.start <= a.end:
+                if offsets[i] < offsets[j] + sizes[j] and offsets[j] < offsets[i] + sizes[i]:
+                    return (i, j)
+    return None
+
+
+def test_blocks_that_never_meet_share_addresses():
+    blocks = [FastBlock(0, 0, 3, 640), FastBlock(1, 4, 7, 640), FastBlock(2, 2, 5, 64)]
+    layout = assign_offsets(blocks)
+    assert layout.offsets[0] == layout.offsets[1] == 0  # the two big ones reuse the same bytes
+    assert layout.offsets[2] == 640
+    assert layout.arena_bytes == layout.peak_bytes == 704
+
+
+def test_best_fit_takes_the_smallest_gap():
+    # largest first: A, C, B, E, G; the short C and E leave holes of 192 and 64 bytes from step 2
+    A, C, B, E, G = (FastBlock(0, 0, 9, 256), FastBlock(1, 0, 1, 192), FastBlock(2, 0, 9, 128),
+                     FastBlock(3, 0, 1, 64), FastBlock(4, 0, 9, 32))
+    F = FastBlock(5, 5, 6, 32)
+    layout = assign_offsets([A, C, B, E, G, F], alignment=1)
+    assert layout.offsets == (0, 256, 448, 576, 640, 576)  # F takes E's 64-byte hole, not C's
+    assert layout.arena_bytes == layout.peak_bytes == 672
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 10), st.integers(1, 5000)), min_size=1, max_size=40))
+def test_offsets_never_collide_and_the_arena_holds_the_peak(raw):
+    blocks = [FastBlock(i, s, s + d, nb) for i, (s, d, nb) in enumerate(raw)]
+    layout = assign_offsets(blocks)
+    sizes = [-(-b.nbytes // ALIGNMENT) * ALIGNMENT for b in blocks]
+    assert collide(blocks, layout.offsets, sizes) is None
+    assert all(o % ALIGNMENT == 0 for o in layout.offsets)
+    assert layout.arena_bytes >= layout.peak_bytes
+    assert max(o + s for o, s in zip(layout.offsets, sizes)) == layout.arena_bytes
+    # the aligned peak, by brute force
+    peak = max(sum(s for b, s in zip(blocks, sizes) if b.start <= t <= b.end) for t in range(42))
+    assert layout.peak_bytes == peak
+
+
+def test_a_tensor_evicted_and_prefetched_has_two_blocks():
+    g = chain_with_one_big_activation()
+    p = with_arena(evict_all_activations_plan(g, "sync"), g)
+    blocks = validate(p, g).fast_blocks
+    big = [b for b in blocks if b.tensor == 0]
+    # made while k0 runs (step 1), evicted before k1 (ends at step 1); back for k5 (steps 10..11)
+    assert [(b.start, b.end) for b in big] == [(1, 1), (10, 11)]
+    assert len(next(tp for tp in p.tensors if tp.id == 0).offsets) == 2
+    # the blocks add up to the validator's fast bytes at every kernel
+    fast = validate(p, g).fast_bytes
+    for k in range(len(g.kernels)):
+        assert sum(b.nbytes for b in blocks if b.start <= 2 * k + 1 <= b.end) == fast[k]
+    assert p.arena_bytes >= validate(p, g).peak_fast_bytes
+
+
+def test_the_validator_rejects_bad_offsets():
+    g = chain_with_one_big_activation()
+    p = with_arena(evict_all_activations_plan(g, "sync"), g)
+    validate(p, g)
+    by_id = {tp.id: tp for tp in p.tensors}
+    # tensor 3 (tmp, 100 B) and tensor 2 (s1) are both fast while k2 runs: give them one address
+    clash = dataclasses.replace(p, tensors=tuple(
+        dataclasses.replace(tp, offsets=by_id[3].offsets) if tp.id == 2 else tp for tp in p.tensors))
+    with pytest.raises(PlanError, match="arena collision"):
+        validate(clash, g)
+    outside = dataclasses.replace(p, arena_bytes=64)
+    with pytest.raises(PlanError, match="outside the arena"):
+        validate(outside, g)
+    missing = dataclasses.replace(p, tensors=tuple(
+        dataclasses.replace(tp, offsets=tp.offsets[:1]) if tp.id == 0 else tp for tp in p.tensors))
+    with pytest.raises(PlanError, match="2 fast residencies but 1 arena offsets"):
+        validate(missing, g)
+
+
+def test_json_keeps_the_layout_and_reads_plans_without_one():
+    g = chain_with_one_big_activation()
+    p = with_arena(evict_all_activations_plan(g, "async"), g)
+    q = Plan.from_json(p.to_json())
+    assert q.arena_bytes == p.arena_bytes and q.tensors == p.tensors
+    validate(q, g)
+    d = p.to_dict()
+    del d["arena_bytes"]
+    for t in d["tensors"]:
+        t.pop("offsets", None)
+    old = Plan.from_dict(d)
+    assert old.arena_bytes is None and all(tp.offsets == () for tp in old.tensors)
+
+
+@st.composite
+def graph_and_plan(draw):
+    n = draw(st.integers(3, 14))
+    sizes, kernels, live = [], [], []
+    for k in range(n):
+        reads = draw(st.lists(st.sampled_from(live), max_size=3, unique=True)) if live else []
+        sizes.append(draw(st.integers(1, 5000)))
+        kernels.append((reads, [len(sizes) - 1]))
+        live.append(len(sizes) - 1)
+    g = make_graph(sizes, kernels, outputs=(len(sizes) - 1,), roles={len(sizes) - 1: Role.OUTPUT})
+    kind = draw(st.sampled_from(["sync", "async", "lru"]))
+    if kind == "lru":
+        need = max(sum(sizes[t] for t in set(ins) | set(outs)) for ins, outs in kernels)
+        return g, lru_plan(g, draw(st.integers(need, max(need, g.peak_live_bytes))))
+    return g, evict_all_activations_plan(g, kind)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph_and_plan())
+def test_every_plan_gets_a_layout_the_validator_accepts(case):
+    g, p = case
+    q = with_arena(p, g)
+    report = validate(q, g)  # checks every offset
+    assert q.arena_bytes >= report.peak_fast_bytes
+    assert q.meta["fragmentation"] >= 0
+    steps = 2 * len(g.kernels)
+    held = np.zeros(steps, dtype=np.int64)
+    for b in report.fast_blocks:
+        held[b.start:b.end + 1] += b.nbytes
+    assert held.max() == report.peak_fast_bytes
+
+
+def test_plan_re_solves_for_less_when_the_arena_does_not_fit():
+    # a graph (found by search) whose optimal plan at this budget packs into 20480 bytes
+    sizes = [3072, 8192, 8192, 1024, 8192, 1024, 5120, 7168, 6144]
+    kernels = [([], [0]), ([], [1]), ([], [2]), ([2], [3]), ([0], [4]), ([0, 3], [5]), ([], [6]), ([2, 5], [7]),
+               ([3], [8])]
+    g = make_graph(sizes, kernels, outputs=(8,), roles={8: Role.OUTPUT})
+    cm = cost_model(g, [1e-3] * 9, bw=5e6, latency=1e-5)
+    budget = 20186
+    p = plan(g, cm, budget, "synchronous", mip_gap=1e-6)
+    history = p.meta["defrag_history"]  # (budget solved for, arena, fragmentation, predicted)
+    assert history[0][1] > budget and p.meta["defrag_retries"] == len(history) - 1 >= 1
+    assert p.meta["arena_fits"] and p.arena_bytes == p.meta["arena_bytes"] <= budget
+    assert p.meta["solver_budget_bytes"] < p.meta["requested_budget_bytes"] == budget
+    assert p.meta["predicted_seconds"] >= history[0][3]  # a lower budget costs time
+    validate(p, g)
+    assert validate(p, g).peak_fast_bytes <= p.meta["solver_budget_bytes"]
+    # without re-solving, the first plan comes back with a warning
+    q = plan(g, cm, budget, "synchronous", mip_gap=1e-6, defrag_retries=0)
+    assert not q.meta["arena_fits"] and q.arena_bytes > budget and "exceeds the budget" in q.meta["warning"]
+    assert plan(g, cm, budget, "synchronous", mip_gap=1e-6, arena=False).arena_bytes is None
