@@ -110,8 +110,10 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
         # plan again for less: by the overshoot (the original's rule), or by the bytes lost
         # to fragmentation if that is more (a plan that far under the budget would fit if
         # it fragmented as much; a smaller cut may just return the same plan)
+        if p.meta["arena_fits"]:  # (always without a budget: all-fast, all-slow)
+            break
         next_cut = max(cut + p.arena_bytes - limit, p.arena_bytes - report.peak_fast_bytes)
-        if p.meta["arena_fits"] or next_cut >= budget_bytes:
+        if next_cut >= budget_bytes:
             break
         cut = next_cut
     fitting = [a for a in attempts if a.meta.get("arena_fits", True)]
