@@ -66,8 +66,8 @@ def test_cells_follow_the_memory_system():
     assert len(staged.cells) == 1 + 4 * 5 and staged.cells[0].formulation == "all-fast"
     assert staged.cells[0].preset == "conventional"
     direct = bench.conventional("out", memory="sim:optane", models="resnet50", ratios="4:1,1:1")
-    assert {c.formulation for c in direct.cells} == {"all-fast", "all-slow", "static", "first-touch"}
-    assert len(direct.cells) == 2 + 2 * 2
+    assert {c.formulation for c in direct.cells} == {"all-fast", "all-slow", "static", "synchronous", "first-touch"}
+    assert len(direct.cells) == 2 + 3 * 2
     assert bench.conventional("out", models="resnet50").cells[0].preset == "cpu"
     with pytest.raises(ValueError, match="not a budget"):
         bench.conventional("out", ratios="4:1,lots")

@@ -130,8 +130,8 @@ def _grid(n: int, width: float = 5.2, height: float = 3.4):
 
 def _missing_mark(ax, x: float, rec: Record | None) -> None:
     """Say why a bar is absent, at its place."""
-    why = "n/a" if rec is None else {"infeasible": "infeasible", "unsupported": "n/a", "error": "failed"}.get(
-        rec.status, rec.status)
+    why = "not run" if rec is None else {"infeasible": "infeasible", "unsupported": "n/a", "error": "failed",
+                                         "ok": "no baseline"}.get(rec.status, rec.status)
     ax.text(x, 0.02, why, rotation=90, ha="center", va="bottom", fontsize=7, color="0.35",
             transform=ax.get_xaxis_transform())
 
@@ -216,6 +216,7 @@ def speedup_figure(records: Sequence[Record], memory: str):
                         ax.hlines(line[ratio], i - 0.45, i + 0.45, color=COLORS["all-fast"], ls="--", lw=1.2,
                                   label="all fast")
         ax.axhline(1.0, color="0.3", lw=0.6)
+        ax.set_xlim(-0.5, len(ratios) - 0.5)
         ax.set_xticks(range(len(ratios)), ratios)
         ax.set_title(f"{MODEL_TITLES.get(model, model)} ({recs[0].preset} preset, batch {_batch(recs, wl)})",
                      fontsize=10)
@@ -270,6 +271,7 @@ def large_figure(records: Sequence[Record], memory: str):
             ax.bar(x, s, width, color=COLORS.get(f, "0.5"), label=_label(f))
             ax.text(x, s, f"{s:.2f}", ha="center", va="bottom", fontsize=7)
     ax.axhline(1.0, color="0.3", lw=0.8, label="lru")
+    ax.set_xlim(-0.5, len(groups) - 0.5)
     ax.set_xticks(range(len(groups)), [f"{MODEL_TITLES.get(m, m)}\n(batch {_batch(recs, wl)})" +
                                        (f"\nfast {b}" if len(budgets) > 1 else "") for wl, m, b in groups],
                   fontsize=8)
@@ -294,12 +296,13 @@ COST_RATIOS = ("1:0", "8:1", "4:1", "1:1")
 
 def costs_figure(records: Sequence[Record], memory: str, formulation: str | None = None):
     """Figure 9: performance relative to all-fast (bars, left axis) for the AutoTM plan
-    (static on direct access, synchronous on staged) at 1:0, 8:1, 4:1 and 1:1, next to the
+    (synchronous, else static) at 1:0, 8:1, 4:1 and 1:1, next to the
     memory cost relative to all-fast ("$" marks, right axis, cost_ratio 2.1).
     data[model][ratio] = performance relative to all-fast."""
     recs = [r for r in records if r.memory_system == memory]
     ok = _ok(recs)
-    formulation = formulation or ("static" if recs[0].access == "direct" else "synchronous")
+    if formulation is None:  # the paper's: synchronous; static where a direct system has no synchronous runs
+        formulation = "synchronous" if any(r.formulation == "synchronous" for r in ok) else "static"
     wls = [(wl, m) for wl, m in _workloads(recs) if _find(ok, wl, "all-fast") and _find(ok, wl, formulation)]
     if not wls:
         raise NothingToPlot(f"no all-fast and {formulation} runs")
@@ -503,6 +506,7 @@ def gpu_figure(records: Sequence[Record], memory: str):
             data.setdefault((model, base.batch, b), {})[f] = s
             ax.bar(x, s, width, color=COLORS[f], label=_label(f) if f != "oracle" else "oracle (kernel time only)")
     ax.axhline(1.0, color="0.3", lw=0.8)
+    ax.set_xlim(-0.5, len(groups) - 0.5)
     ax.set_xticks(range(len(groups)), [f"{MODEL_TITLES.get(m, m)}\nbatch {_batch(recs, wl)}\nfast {b}"
                                        for wl, m, b in groups], fontsize=8)
     ax.set_ylabel("speedup over lru")
