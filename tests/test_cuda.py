@@ -291,7 +291,7 @@ def test_plans_run_on_the_gpu_and_match_eager(profiled, formulation):
     from autotm.planner import plan
 
     w, graph, cm, _ = profiled
-    p = plan(graph, cm, None if formulation == "all-fast" else "1:1", formulation, time_limit=20)
+    p = plan(graph, cm, None if formulation == "all-fast" else "1:2", formulation, time_limit=20)
     with make_memory_system("cuda+host") as ms:
         r = run_workload(w, graph, cm, p, ms, iterations=2, verify=True)
     meta = r.report.meta
@@ -300,7 +300,7 @@ def test_plans_run_on_the_gpu_and_match_eager(profiled, formulation):
     assert meta["peak_reserved_bytes"] >= meta["peak_allocated_bytes"] > 0
     if formulation != "all-fast":
         assert r.report.peak_fast_bytes <= p.budget_bytes
-    if formulation in ("lru", "synchronous", "asynchronous"):  # half the peak: something leaves the GPU
+    if formulation in ("lru", "synchronous", "asynchronous"):  # 2/3 of the peak: something leaves the GPU
         assert r.report.bytes_to_slow > 0
     if formulation == "asynchronous":
         assert any(m.mode == "async" for m in r.report.moves) or p.meta["moves"] == 0
@@ -313,7 +313,7 @@ def test_vgg_is_bit_identical_to_eager_on_the_gpu(profiled):
     from autotm.planner import plan
 
     w, graph, cm, _ = profiled
-    p = plan(graph, cm, "1:1", "synchronous", time_limit=20)
+    p = plan(graph, cm, "1:2", "synchronous", time_limit=20)
     with make_memory_system("cuda+host") as ms:
         r = run_workload(w, graph, cm, p, ms, iterations=2, verify=True)
     assert r.identical, (r.report.meta, r.mismatches)

@@ -227,7 +227,6 @@ class CudaHostMemorySystem(MemorySystem):
             raise TierError(NO_CUDA)
         # before the first cuBLAS call of the process, or it has no effect (see verify.py)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", DETERMINISTIC_CUBLAS)
-        super().__init__()
         if device is None:
             device = torch.cuda.current_device()
         dev = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
@@ -235,6 +234,7 @@ class CudaHostMemorySystem(MemorySystem):
             raise TierError(f"cuda+host needs a CUDA device, not {dev}")
         if dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
+        super().__init__()
         self.fast_device = dev
         self.device = dev
         self.device_name = torch.cuda.get_device_name(dev)
@@ -242,16 +242,17 @@ class CudaHostMemorySystem(MemorySystem):
         self._pool = PinnedPool(lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True), slow_capacity_bytes)
         self._live: dict[int, HostSlot] = {}
         self._lock = threading.Lock()
+        pool = self._pool
+        self._resources.add(lambda: _release_pool(pool, dev))
         self.fast_capacity_bytes = fast_capacity_bytes
         if fast_capacity_bytes is not None:
             total = torch.cuda.get_device_properties(dev).total_memory
             if not 0 < fast_capacity_bytes <= total:
+                self.close()
                 raise TierError(f"fast_capacity_bytes={fast_capacity_bytes} is not within the GPU's "
                                 f"{total} bytes")
             torch.cuda.set_per_process_memory_fraction(fast_capacity_bytes / total, dev)
             self._resources.add(lambda: torch.cuda.set_per_process_memory_fraction(1.0, dev))
-        pool = self._pool
-        self._resources.add(lambda: _release_pool(pool, dev))
 
     # ---- inspection
 
@@ -403,6 +404,13 @@ class CudaHostMemorySystem(MemorySystem):
         load = torch.randn(1024, 1024, device=dev)
         stream = self.compute_stream()
         out: dict[tuple[str, str], float] = {}
+        # untimed first, so that the pool's buffer and the allocator's blocks for this size
+        # exist (the host allocating them would leave the GPU idle between the events)
+        h = self.to_slow(-1, x)
+        back = self.to_fast(h)
+        self.free_slow(h)
+        del back
+        self.synchronize()
         s0 = _event(stream, True)
         h = self.to_slow(-1, x)
         s1 = _event(stream, True)
