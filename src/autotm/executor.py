@@ -20,9 +20,10 @@ ExecutorSession then frees the carried state and refuses to report.
 
 Process memory (RSS) with a budget: peak RSS <= budget + the process's RSS before any
 tensor of the iteration exists + a constant (benchmarks/rss_overhead.py states and
-measures it). The executor keeps to it by having glibc give large freed blocks back at
-once, trimming glibc's heaps each TRIM_EVERY_BYTES it frees, and counting the tier's idle
-read buffers against the budget.
+measures it). glibc keeps freed blocks for reuse (no page faults in the steady state,
+_keep_freed_memory), and the executor gives them back (malloc_trim) only when the RSS it
+reads before a kernel, plus what that kernel and its moves will allocate, would pass
+budget + baseline + RSS_SLACK_BYTES; the tier's idle read buffers count against the budget.
 """
 
 from __future__ import annotations
@@ -151,25 +152,8 @@ def _libc():
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4  # mallopt parameters (malloc.h)
 
 
-def _release_freed_memory_to_os() -> None:
-    """Make glibc return freed large blocks to the OS at once, so RSS follows the bytes held.
-
-    With its default dynamic mmap threshold, glibc serves blocks of up to 32 MiB from the
-    heap after the first large free, and a fragmented heap is not trimmed: RSS would then
-    overstate what the executor holds. A fixed 256 KiB threshold keeps large tensors in
-    their own mappings, which free() unmaps. Process-wide and permanent (glibc turns its
-    dynamic threshold off for good), and it costs speed: every large tensor is fresh pages
-    that fault in. So the executor sets it only when it enforces a budget.
-    """
-    libc = _libc()
-    if libc is not None:
-        libc.mallopt(M_MMAP_MAX, 65536)  # glibc's default, in case _keep_freed_memory ran before
-        libc.mallopt(M_MMAP_THRESHOLD, 256 * 1024)
-        libc.mallopt(M_TRIM_THRESHOLD, 1024 * 1024)
-
-
 def _keep_freed_memory() -> None:
-    """Make glibc keep freed blocks for reuse: no mmap, no trimming (runs without a budget).
+    """Make glibc keep freed blocks for reuse: no mmap, no trimming of its own.
 
     Each iteration allocates the same tensors again. With glibc's defaults, blocks over
     its mmap threshold (at most 32 MiB) are unmapped when freed, and a heap whose free top
@@ -177,8 +161,8 @@ def _keep_freed_memory() -> None:
     vgg416 at the cpu preset took ~500k page faults (2 GB) per iteration through the
     executor, whose frees follow liveness, and still ~180k through eager PyTorch. Serving
     every block from a heap that is never trimmed makes the steady state fault-free, as a
-    caching allocator would; the price is RSS at the heap's high-water mark, which only
-    matters under a budget, where _release_freed_memory_to_os is used instead.
+    caching allocator would; the price is RSS at the heap's high-water mark, which under a
+    budget the executor bounds by trimming (trim_heap) when RSS comes near the bound.
     Process-wide: code running in the same process afterwards gets the same policy.
     """
     libc = _libc()
@@ -194,12 +178,33 @@ def trim_heap() -> None:
         libc.malloc_trim(0)
 
 
-TRIM_EVERY_BYTES = 32 << 20
-"""With trim_memory, glibc's heaps are trimmed each time the executor has freed this much.
+RSS_SLACK_BYTES = 64 << 20
+"""With trim_memory, free heap memory may stay resident while RSS stays under budget +
+the iteration's baseline RSS + this; beyond it the heaps are trimmed (malloc_trim).
+Trimming costs page faults when the memory is used again, so it is done only when needed."""
 
-Large blocks come from their own mappings only when no free hole in the heap fits them:
-holes left by earlier frees (the caller's model copy, capture) are reused, and once
-touched stay resident after they are freed again. malloc_trim gives them back."""
+
+class _RssReader:
+    """The process's RSS from /proc/self/statm through a kept-open descriptor (~2 us)."""
+
+    def __init__(self):
+        self.page = os.sysconf("SC_PAGE_SIZE")
+        try:
+            self.fd = os.open("/proc/self/statm", os.O_RDONLY)
+        except OSError:  # no procfs: trim before every kernel that allocates
+            self.fd = None
+
+    def __call__(self) -> int:
+        if self.fd is None:
+            return 1 << 62
+        return int(os.pread(self.fd, 128, 0).split()[1]) * self.page
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    __del__ = close
 
 
 def _inplace_overload(op):
@@ -338,13 +343,13 @@ class Executor(Replay):
     The plan is validated first; a plan the validator rejects never runs.
 
     With a budget (given, or the plan's), the runtime also keeps the process's memory
-    honest (`trim_memory`, default: whether there is a budget): glibc returns freed
-    tensors to the OS at once (`_release_freed_memory_to_os`), the heaps are trimmed at
-    the start of each iteration and each TRIM_EVERY_BYTES freed, and idle read buffers a
+    honest (`trim_memory`, default: whether there is a budget): the heaps are trimmed at
+    the start of each iteration and before any kernel whose allocations would take RSS
+    past budget + baseline + RSS_SLACK_BYTES, and idle read buffers a
     memory system recycles (cpu+file's cache) count against the budget: before each
     kernel, if the bytes the plan holds at that kernel plus the idle cache would pass the
-    budget, the cache is released. Without a budget none of this is done (it costs page
-    faults): glibc keeps freed blocks for the next iteration instead (_keep_freed_memory).
+    budget, the cache is released. Without a budget glibc simply keeps freed blocks for the
+    next iteration (_keep_freed_memory).
     """
 
     def __init__(self, graph: TrainingGraph, plan: Plan, memory: MemorySystem, *, budget_bytes: int | None = None,
@@ -359,11 +364,8 @@ class Executor(Replay):
         self.validation = validate(plan, graph, budget_bytes=self.budget)
         # (host RSS honesty is for CPU fast tiers; a device's budget is on the device)
         self.trim_memory = trim_memory if trim_memory is not None else (self.budget is not None and self.device is None)
-        self.trim_every = TRIM_EVERY_BYTES
-        if self.trim_memory:
-            _release_freed_memory_to_os()
-        else:
-            _keep_freed_memory()
+        _keep_freed_memory()
+        self._rss = _RssReader() if self.trim_memory else None
         n = len(graph.kernels)
         self.initial = {tp.id: tp.initial for tp in plan.tensors}
         # per kernel: sync (evicts and drops first, then prefetches), and async actions
@@ -384,6 +386,12 @@ class Executor(Replay):
         self.cache_headroom = ([int(self.budget - b) for b in self.validation.fast_bytes]
                                if self._cache_ctl else [])
         self.kernels = self._compile()
+        # bytes kernel k's outputs and the prefetches before it allocate in fast memory
+        self.incoming = [sum(b for _, _, b, slow in kc.outputs if not slow) for kc in self.kernels]
+        for tp in plan.tensors:
+            for a in tp.actions:
+                if a.kind == "prefetch":
+                    self.incoming[a.at] += self.nbytes[tp.id]
         self._borrowed: set[int] = set()  # slow inputs the caller owns (never freed here)
         self._reset_iteration()
 
@@ -417,7 +425,6 @@ class Executor(Replay):
         self.moves: list[MoveRecord] = []
         self.kernel_times = np.zeros(len(self.graph.kernels))
         self._pending: list[tuple[int, Action, object, float]] = []
-        self.freed_since_trim = 0
 
     def _hold_fast(self, tid: int, value: torch.Tensor, k: int) -> None:
         self.env[tid] = value
@@ -430,7 +437,6 @@ class Executor(Replay):
         if tid in self.fast:
             self.fast.remove(tid)
             self.fast_bytes -= self.nbytes[tid]
-            self.freed_since_trim += self.nbytes[tid]
         self.env.pop(tid, None)
 
     def _check_budget(self, k: int) -> None:
@@ -578,12 +584,18 @@ class Executor(Replay):
         n = len(p.kernel_nodes)
         nbytes, has_moves, kernels = self.nbytes, self.has_moves, self.kernels
         cache_ctl = self._cache_ctl
-        trim_every = self.trim_every if self.trim_memory else float("inf")
-        if self.trim_memory:
+        rss = self._rss
+        incoming = self.incoming
+        if rss is not None:
             trim_heap()  # what the caller freed since the last iteration (a model copy, a batch)
         try:
             self.place_inputs(inputs)
+            if rss is not None:
+                # the process's RSS before any tensor of the iteration exists
+                rss_bound = rss() - self.fast_bytes + self.budget + RSS_SLACK_BYTES
             for k in range(n):
+                if rss is not None and incoming[k] and rss() + incoming[k] > rss_bound:
+                    trim_heap()
                 if has_moves[k]:
                     self.before_kernel(k)
                 elif cache_ctl is not None and cache_ctl[0]() > self.cache_headroom[k]:
@@ -599,9 +611,6 @@ class Executor(Replay):
                         # plan, so outside the budget account from its planned death on
                         self.fast.remove(tid)
                         self.fast_bytes -= nbytes[tid]
-                if self.freed_since_trim >= trim_every:
-                    trim_heap()
-                    self.freed_since_trim = 0
             out: dict[int, torch.Tensor | SlowHandle] = {}
             slow_inputs = {key for key, tid in p.input_keys if self.initial.get(tid) == "slow"}
             for key, tid in p.output_keys.items():

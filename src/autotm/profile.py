@@ -151,6 +151,7 @@ def environment(memory_system: str, device: torch.device | None = None) -> dict:
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "memory_system": memory_system,
+        "method": 2,  # how moves are timed (2: async ends at the worker's own timestamp)
     }
     if device is not None and torch.device(device).type == "cuda":
         env.update(device=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
@@ -479,12 +480,15 @@ def _fit_move(points: list[tuple[int, float]]) -> MoveCost:
     return MoveCost(latency_s=float(a), bandwidth_bytes_per_s=float(1.0 / b))
 
 
-def _while_computing(pending, a: torch.Tensor):
+def _while_computing(pending, a: torch.Tensor, t0: float):
     """Run small matmuls (a @ a) on this thread until the async move `pending` is done;
-    its result. (The completion is seen at most one matmul late, ~0.1 ms.)"""
+    its result and seconds since t0. The worker stamps its completion time (finished_at),
+    so the seconds are the copy's own, not rounded up to the next matmul's end."""
     while not pending.done():
         torch.mm(a, a)
-    return pending.wait()
+    result = pending.wait()
+    end = getattr(pending, "finished_at", None)
+    return result, (end if end is not None else time.perf_counter()) - t0
 
 
 def _host_move_seconds(memory, t: torch.Tensor, load: torch.Tensor) -> dict[tuple[str, str], float]:
@@ -501,11 +505,9 @@ def _host_move_seconds(memory, t: torch.Tensor, load: torch.Tensor) -> dict[tupl
     # async: while this thread computes, as in the executor (the copy competes with
     # the kernel it overlaps for cores and memory bandwidth)
     t0 = time.perf_counter()
-    h = _while_computing(memory.start_to_slow(-1, t), load)
-    got[("to_slow", "async")] = time.perf_counter() - t0
+    h, got[("to_slow", "async")] = _while_computing(memory.start_to_slow(-1, t), load, t0)
     t0 = time.perf_counter()
-    back = _while_computing(memory.start_to_fast(h), load)
-    got[("to_fast", "async")] = time.perf_counter() - t0
+    back, got[("to_fast", "async")] = _while_computing(memory.start_to_fast(h), load, t0)
     del back
     memory.free_slow(h)
     return got

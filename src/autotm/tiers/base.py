@@ -23,6 +23,7 @@ import os
 import queue
 import tempfile
 import threading
+import time
 import warnings
 import weakref
 from abc import ABC, abstractmethod
@@ -138,12 +139,13 @@ class Pending:
     it, then returns the SlowHandle (``start_to_slow``) or tensor (``start_to_fast``),
     or re-raises the error the worker met."""
 
-    __slots__ = ("_event", "_result", "_error")
+    __slots__ = ("_event", "_result", "_error", "finished_at")
 
     def __init__(self) -> None:
         self._event = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
+        self.finished_at: float | None = None  # time.perf_counter() when the worker finished
 
     def done(self) -> bool:
         return self._event.is_set()
@@ -157,6 +159,7 @@ class Pending:
 
     def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
         self._result, self._error = result, error
+        self.finished_at = time.perf_counter()
         self._event.set()
 
 
