@@ -10,10 +10,10 @@ On a GPU (`device`), both eager PyTorch and the session run on that GPU under
 :func:`deterministic` settings and are compared bit for bit first. A tensor that is not
 bit-identical is then compared within a stated tolerance (GPU_RTOL, GPU_ATOL), and the
 result says which tensors needed it (`Verification.approximate`) and which kernels had no
-deterministic implementation (`Verification.nondeterministic`). Known causes: the graph is
-captured on the CPU, so on the GPU it runs e.g. the native CUDA batch norm where eager
-PyTorch runs cuDNN's, and Adam's unfused update where eager fuses addcdiv; cuDNN and
-cuBLAS may pick different algorithms for the same shapes under other alignments.
+deterministic implementation (`Verification.nondeterministic`). Expected causes: the graph
+is captured on the CPU, so on the GPU it may run other kernels than eager PyTorch there
+(the native CUDA batch norm where eager may pick cuDNN's; Adam's update as separate
+kernels where eager fuses addcdiv, whose CUDA kernel may contract a multiply-add).
 """
 
 from __future__ import annotations
