@@ -259,6 +259,8 @@ def _fill_from_plan(rec: Record, p, graph) -> None:
     rec.gap = float(m.get("gap", 0.0))
     rec.solver_status = m.get("status")
     rec.peak_fast_bytes = int(m["peak_fast_bytes"])
+    rec.arena_bytes = getattr(p, "arena_bytes", None)
+    rec.plan_warning = m.get("warning", "")
     rec.bytes_to_slow, rec.bytes_to_fast, rec.moves = int(m["bytes_to_slow"]), int(m["bytes_to_fast"]), int(m["moves"])
     for k, v in move_stats(p, graph).items():
         setattr(rec, k, v)

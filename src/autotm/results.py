@@ -66,6 +66,8 @@ class Record:
     solver_status: str | None = None
 
     peak_fast_bytes: int | None = None  # measured when executed, else planned
+    arena_bytes: int | None = None  # the plan's static layout of fast memory (fragmentation included)
+    plan_warning: str = ""  # e.g. the arena did not fit the budget
     peak_live_bytes: int | None = None  # the all-fast footprint of the iteration
     bytes_to_slow: int | None = None  # per iteration
     bytes_to_fast: int | None = None
