@@ -8,7 +8,9 @@
 #      at 2 budgets with synchronous, asynchronous, lru, save_on_cpu and all-fast, each
 #      checked against eager PyTorch on the GPU; a table and Figure 12.
 # Everything goes to one folder, OUT (default: ./gpu_check_out), at most 8 files:
-#   env.txt, pytest.log, gpu_check.log, gpu_check.jsonl, table.txt, figure12.png.
+#   env.txt, pytest.log, gpu_check.log, gpu_check.jsonl (every field of every run),
+#   gpu.jsonl (autotm.results records: `autotm plot gpu --out OUT` reads them), table.txt,
+#   fig12-gpu-gpu-cuda-host.png and .svg (or figure12.png if autotm.plots fails).
 #
 #   bash benchmarks/gpu_check.sh [OUT]
 # Knobs (environment): PYTHON, SWEEP_DEADLINE (seconds after which no new run starts),
