@@ -84,10 +84,14 @@ def window_study(args, windows: list[int]) -> None:
               f"{100 * st.gap:>6.2f} {simulate(sync, g, cm).predicted_seconds:>9.3f}", flush=True)
         rows = []
         for win in windows:
-            p, st = solve_staged(g, cm, budget, formulation="asynchronous", window=win, time_limit=args.time_limit,
-                                 warm_start=sync)
+            try:
+                p, st = solve_staged(g, cm, budget, formulation="asynchronous", window=win,
+                                     time_limit=args.time_limit, warm_start=sync)
+            except TimeoutError as e:
+                print(f"{w.name:<36} {win:>6} {e}", flush=True)
+                continue
             rows.append((win, st, simulate(p, g, cm).predicted_seconds))
-        ref = next(pred for win, _, pred in rows if win == ref_w)
+        ref = next((pred for win, _, pred in rows if win == ref_w), float("nan"))
         for win, st, pred in rows:
             print(f"{w.name:<36} {win:>6} {st.variables:>7} {st.rows:>7} {st.solve_seconds:>7.1f} "
                   f"{100 * st.gap:>6.2f} {pred:>9.3f} {pred / ref:>7.3f}", flush=True)

@@ -167,7 +167,7 @@ def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, w
                 pass
         p, stats = solve(graph, cost_model, budget_bytes, formulation=formulation, window=window,
                          warm_start=start[0] if start else None, verbose=verbose, **ilp)
-        meta.update(_stats_meta(stats), capacity_rows_dropped=stats.rows_dropped, window=window,
+        meta.update(_stats_meta(stats), window=window,
                     warm_start=start[1] if start else None)
         if start is not None:
             # the solver keeps a feasible warm start as its incumbent; should it ever return

@@ -51,7 +51,7 @@ import numpy as np
 from ..costmodel import CostModel, operand_tensors
 from ..graph import TrainingGraph
 from ..plan import Action, Plan, TensorPlan
-from .ilp import MARGIN_BYTES, SCALE, ILPStats, InfeasibleBudget, _candidates, _Rows, _Vars, capacity_rows, \
+from .ilp import MARGIN_BYTES, SCALE, ILPStats, InfeasibleBudget, _candidates, _Rows, _Vars, capacity_chain, \
     default_min_tensor_bytes, highs_model, solve_model
 from .segments import carried_pairs
 from .static import FIXED_FAST, kernel_time_terms
@@ -237,8 +237,8 @@ def solve_direct(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                 V.add_cost(col, coef)
 
     rhs = (budget + extra.astype(np.float64) - graph.live_bytes.astype(np.float64) - MARGIN_BYTES) / SCALE
-    dropped = capacity_rows(R, V, cap_iv, rhs, n)
-    stats = ILPStats(variables=V.n, rows_dropped=dropped, families={k: tuple(v) for k, v in R.family_counts.items()})
+    fill = capacity_chain(R, V, cap_iv, rhs, n)
+    stats = ILPStats(variables=V.n, families={k: tuple(v) for k, v in R.family_counts.items()})
     if V.n == 0:
         stats.status, stats.objective = "Optimal", constant
         return _decode(graph, cost, budget, formulation, np.zeros(0), tv), stats
@@ -248,6 +248,7 @@ def solve_direct(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     stats.rows, stats.nonzeros = R.n, len(lp.a_matrix_.value_)
     stats.build_seconds = time.perf_counter() - t_build
     x0 = _warm_start_vector(warm_start, V.n, tv, configs, y, async_terms) if warm_start else None
+    x0 = fill(x0) if x0 is not None else None
     x = solve_model(h, highspy, lp, x0, constant, time_limit, stats)
     if x is None:
         raise InfeasibleBudget(budget, need, f"kernel {need_k} ({graph.kernels[need_k].op})")

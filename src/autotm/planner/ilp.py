@@ -24,6 +24,8 @@ Notation (one tensor t of size s_t, one movable segment g of it; see segments.py
     steady state:        a[final of t'] = st[t]  where t' carries t into the next iteration
     order:               sum_{c >= j} wX[g,c] + sum_{c <= j} pX[g,c] <= 1   (evict before prefetch)
     capacity:            sum_t s_t R[t,j] <= B                          for every kernel j
+                         (as a running sum L[j] = L[j-1] + changes at j, L[j] <= B - fixed bytes:
+                         two nonzeros per interval of a variable instead of one per kernel)
     async overlap:       y[c] >= T_c,  y[c] >= sum wX[.,c] m(s, to_slow, async) + sum pX[.,c] m(s, to_fast, async)
 
   Objective (predicted iteration seconds, exactly what autotm.simulate computes):
@@ -46,11 +48,12 @@ from ..graph import TrainingGraph
 from ..plan import Action, Plan, TensorPlan
 from .segments import TensorSegments, carried_pairs, tensor_segments
 
-# Capacity rows in KiB: HiGHS accepts a row violated by up to its feasibility tolerance
-# (1e-6 units), which in KiB is a thousandth of a byte, so integer byte counts that pass
-# the solver also pass the validator's exact check (in MiB it would be a whole byte).
+# Capacity in KiB, as a running sum along the kernels (capacity_chain): the solver's
+# feasibility tolerance (FEASIBILITY_TOL, per row) adds up along the chain and stays far
+# under a byte, so integer byte counts that pass the solver pass the validator's exact check.
 SCALE = float(2**10)
 MARGIN_BYTES = 0.0
+FEASIBILITY_TOL = 1e-9  # HiGHS's primal and MIP feasibility tolerances (capacity_chain)
 
 
 class InfeasibleBudget(ValueError):
@@ -74,7 +77,6 @@ class ILPStats:
     status: str = ""
     gap: float = 0.0
     objective: float = 0.0
-    rows_dropped: int = 0
     families: dict = field(default_factory=dict)
 
 
@@ -317,10 +319,10 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     constant_time = float(sum(T[c] for c in range(n) if c not in y))
 
     rhs = (budget + extra.astype(np.float64) - cap_const - MARGIN_BYTES) / SCALE
-    dropped = capacity_rows(Rw, V, cap_iv, rhs, n)
+    fill = capacity_chain(Rw, V, cap_iv, rhs, n)
 
     # ---- pass the model to HiGHS as arrays -----------------------------------------
-    stats = ILPStats(variables=V.n, rows_dropped=dropped, families={k: tuple(v) for k, v in Rw.family_counts.items()})
+    stats = ILPStats(variables=V.n, families={k: tuple(v) for k, v in Rw.family_counts.items()})
     if V.n == 0:  # nothing can move: every tensor stays in fast memory, and that fits
         plan = _decode(graph, cost, budget, formulation, np.zeros(0), segs, seg_vars, start_slow)
         stats.status, stats.objective = "Optimal", constant_time
@@ -332,6 +334,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     stats.build_seconds = time.perf_counter() - t_build
 
     x0 = _warm_start_vector(warm_start, V.n, seg_vars, start_slow, y, T, async_terms) if warm_start else None
+    x0 = fill(x0) if x0 is not None else None
     x = solve_model(h, highspy, lp, x0, constant_time, time_limit, stats)
     if x is None:
         raise InfeasibleBudget(budget, need, f"kernel {need_k} ({graph.kernels[need_k].op})")
@@ -339,39 +342,53 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     return plan, stats
 
 
-def capacity_rows(R: _Rows, V: _Vars, cap_iv: list[tuple[int, int, int, float]], rhs: np.ndarray, n: int) -> int:
-    """Add the capacity rows, in KiB: sum_t s_t R[t,j] <= B for every kernel j, built with
-    numpy from intervals (variable `col` adds `coef` bytes at kernels j0..j1; `rhs[j]` is
-    the budget less the bytes counted as constants, in KiB). Rows with the same variables
-    differ only in their constant: keep the tightest of each such group (the others are
-    implied). Returns how many rows were dropped so."""
+def capacity_chain(R: _Rows, V: _Vars, cap_iv: list[tuple[int, int, int, float]], rhs: np.ndarray, n: int):
+    """Add the capacity constraints in running-sum form: a continuous L[j], the bytes
+    (in KiB) the variables add at kernel j, with L[j] <= rhs[j] as a bound and
+
+        L[j] - L[j-1] = sum of the coefs of intervals starting at j - those ending at j-1.
+
+    Each interval (variable `col` adds `coef` bytes at kernels j0..j1) is then 2 nonzeros
+    instead of one per kernel it covers: the model is much sparser where many tensors live
+    long (the forward activations held for the backward pass), with the same relaxation.
+    The row tolerances add up along the chain: with the solver's feasibility tolerance
+    FEASIBILITY_TOL, L[j] is within (n + 1) * FEASIBILITY_TOL KiB of the true sum, well
+    under half a byte; sums of whole bytes that pass L[j] <= rhs[j] + half a byte pass the
+    validator's exact check.
+
+    Returns fill(x): sets the L columns of a full assignment `x` of the other variables
+    (for warm starts)."""
     if not cap_iv:
-        return 0
+        return lambda x: x
     iv = np.asarray(cap_iv, dtype=np.float64)
     j0, j1, col, coef = iv[:, 0].astype(np.int64), iv[:, 1].astype(np.int64), iv[:, 2].astype(np.int64), iv[:, 3]
-    length = j1 - j0 + 1
-    first = np.cumsum(length) - length
-    rows = np.repeat(j0, length) + (np.arange(int(length.sum())) - np.repeat(first, length))
-    cols = np.repeat(col, length)
-    vals = np.repeat(coef, length) / SCALE
-    rng = np.random.default_rng(12345)
-    w1, w2 = rng.random(V.n), rng.random(V.n)
-    sig1 = np.bincount(rows, weights=w1[cols], minlength=n)
-    sig2 = np.bincount(rows, weights=w2[cols], minlength=n)
-    has = np.bincount(rows, minlength=n) > 0
-    order = np.lexsort((rhs, sig2, sig1))
-    order = order[has[order]]
-    key1, key2 = sig1[order], sig2[order]
-    new_group = np.ones(len(order), dtype=bool)
-    new_group[1:] = (key1[1:] != key1[:-1]) | (key2[1:] != key2[:-1])
-    keep = np.sort(order[new_group])  # the smallest rhs of each group comes first
-    dropped = int(has.sum()) - len(keep)
-    local = np.full(n, -1, dtype=np.int64)
-    local[keep] = np.arange(len(keep))
-    sel = local[rows] >= 0
-    R.add_block("capacity", local[rows[sel]], cols[sel], vals[sel],
-                np.full(len(keep), -np.inf), rhs[keep])
-    return dropped
+    coef = coef / SCALE
+    has = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(has, j0, 1)
+    np.add.at(has, j1 + 1, -1)
+    covered = np.cumsum(has)[:n] > 0
+    assert (n + 1) * FEASIBILITY_TOL < 0.25 / SCALE, "too many kernels for the solver tolerance"
+    upper = np.where(covered, rhs + 0.5 / SCALE, np.inf)
+    L = V.add(n, lower=-np.inf, upper=upper, integer=False)
+    ends = j1 + 1 < n
+    rows = np.concatenate([np.arange(n), np.arange(1, n), j0, j1[ends] + 1])
+    cols = np.concatenate([L, L[:-1], col, col[ends]])
+    vals = np.concatenate([np.ones(n), -np.ones(n - 1), -coef, coef[ends]])
+    # one entry per (row, column): a variable's intervals may start where another ends
+    key, inv = np.unique(rows * V.n + cols, return_inverse=True)
+    vals = np.bincount(inv, weights=vals)
+    rows, cols = key // V.n, key % V.n
+    keep = vals != 0
+    R.add_block("capacity", rows[keep], cols[keep], vals[keep], np.zeros(n), np.zeros(n))
+
+    def fill(x: np.ndarray) -> np.ndarray:
+        delta = np.zeros(n + 1)
+        np.add.at(delta, j0, coef * x[col])
+        np.add.at(delta, j1 + 1, -coef * x[col])
+        x[L] = np.cumsum(delta)[:n]
+        return x
+
+    return fill
 
 
 def highs_model(highspy, V: _Vars, R: _Rows, offset: float, *, time_limit: float, mip_gap: float,
@@ -381,6 +398,8 @@ def highs_model(highspy, V: _Vars, R: _Rows, offset: float, *, time_limit: float
     h.setOptionValue("output_flag", bool(verbose))
     h.setOptionValue("time_limit", float(time_limit))
     h.setOptionValue("mip_rel_gap", float(mip_gap))
+    h.setOptionValue("primal_feasibility_tolerance", FEASIBILITY_TOL)
+    h.setOptionValue("mip_feasibility_tolerance", FEASIBILITY_TOL)
     if threads:
         h.setOptionValue("threads", int(threads))
     lp = highspy.HighsLp()
@@ -420,14 +439,35 @@ def solve_model(h, highspy, lp, x0, constant: float, time_limit: float, stats: I
         x, info, status = _run(h, highspy, None, time_limit, stats)
         obj_x = float(lp.col_cost_ @ x + constant) if x is not None else np.nan
     stats.status = h.modelStatusToString(status)
+    timed_out = status in (highspy.HighsModelStatus.kTimeLimit, highspy.HighsModelStatus.kInterrupt)
+    if x is None and timed_out and x0 is not None and _feasible(lp, x0):
+        # the limit passed before the solver took the start (presolve can take that long):
+        # the start is still the best plan found
+        x, obj_x = np.asarray(x0, dtype=float), float(lp.col_cost_ @ x0 + constant)
+        stats.status += " (warm start returned)"
     if x is None:
-        if status in (highspy.HighsModelStatus.kTimeLimit, highspy.HighsModelStatus.kInterrupt):
+        if timed_out:
             raise TimeoutError(f"the solver found no plan within {time_limit:.0f} s; raise the time limit")
         return None
-    bound = info.mip_dual_bound if np.isfinite(info.mip_dual_bound) else obj_x
     stats.objective = obj_x
-    stats.gap = max(0.0, (obj_x - bound) / max(abs(obj_x), 1e-12))
+    if np.isfinite(info.mip_dual_bound):
+        stats.gap = max(0.0, (obj_x - info.mip_dual_bound) / max(abs(obj_x), 1e-12))
+    else:  # no bound: optimal if the solver finished, unknown (reported as 100 %) if it timed out
+        stats.gap = 1.0 if timed_out else 0.0
     return x
+
+
+def _feasible(lp, x: np.ndarray, tol: float = 1e-6) -> bool:
+    """Does x satisfy the bounds and rows of lp (row-wise arrays) and integrality?"""
+    x = np.asarray(x, dtype=float)
+    start = np.asarray(lp.a_matrix_.start_)
+    rows = np.repeat(np.arange(lp.num_row_), np.diff(start))
+    act = np.bincount(rows, weights=np.asarray(lp.a_matrix_.value_) * x[np.asarray(lp.a_matrix_.index_)],
+                      minlength=lp.num_row_)
+    ints = np.asarray([int(v) != 0 for v in lp.integrality_]) if len(lp.integrality_) else np.zeros(len(x), bool)
+    return bool(np.all(act >= np.asarray(lp.row_lower_) - tol) and np.all(act <= np.asarray(lp.row_upper_) + tol)
+                and np.all(x >= np.asarray(lp.col_lower_) - tol) and np.all(x <= np.asarray(lp.col_upper_) + tol)
+                and np.all(np.abs(x[ints] - np.round(x[ints])) <= tol))
 
 
 def _run(h, highspy, x0, time_limit, stats):
