@@ -149,6 +149,15 @@ def _legend_below(fig, axes, ncol: int | None = None) -> None:
                fontsize=8, frameon=False)
 
 
+def _legend_right(ax) -> None:
+    """One legend entry per label, outside the axes on the right."""
+    handles = {}
+    for h, lab in zip(*ax.get_legend_handles_labels()):
+        handles.setdefault(lab, h)
+    ax.legend(list(handles.values()), list(handles), fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0),
+              frameon=False)
+
+
 def _each_memory(records, build, out, name: str, tag: str) -> list[Path]:
     """One figure per memory system; skip the ones with nothing to plot (all of them: an error)."""
     paths, why = [], []
@@ -280,7 +289,7 @@ def large_figure(records: Sequence[Record], memory: str):
     ax.set_ylim(0, top * 1.18)
     ax.set_title(f"Figure 8: large networks, speedup over lru at a fast budget of {', '.join(budgets)}\n"
                  f"({_title(recs)})", fontsize=10)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    _legend_right(ax)
     fig.tight_layout()
     return fig, data
 
@@ -511,7 +520,7 @@ def gpu_figure(records: Sequence[Record], memory: str):
                                        for wl, m, b in groups], fontsize=8)
     ax.set_ylabel("speedup over lru")
     ax.set_title(f"Figure 12: GPU workloads, speedup over lru ({_title(recs)})", fontsize=10)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    _legend_right(ax)
     fig.tight_layout()
     return fig, data
 
