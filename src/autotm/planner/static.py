@@ -31,7 +31,7 @@ import numpy as np
 from ..costmodel import CostModel, operand_tensors
 from ..graph import Role, TrainingGraph
 from ..plan import Plan, TensorPlan
-from .ilp import MARGIN_BYTES, SCALE, ILPStats, InfeasibleBudget, _Rows, _Vars, highs_model, solve_model
+from .ilp import MARGIN_BYTES, SCALE, ILPStats, InfeasibleBudget, _Rows, _Vars, capacity_chain, highs_model, solve_model
 from .segments import carried_pairs
 
 FIXED_FAST = (Role.INPUT, Role.SCALAR, Role.CONSTANT, Role.OUTPUT)
@@ -105,25 +105,16 @@ def solve_static(graph: TrainingGraph, cost: CostModel, budget: int, *, time_lim
         constant += const
         for col, coef in terms:
             V.add_cost(col, coef)
-    # capacity: -sum s_t z[t] <= B - live_bytes[k]
-    rows, cols, vals = [], [], []
-    for tid in can:
-        a, b = graph.tensors[tid].live
-        ks = np.arange(a, b + 1)
-        rows.append(ks)
-        cols.append(np.full(len(ks), z[tid]))
-        vals.append(np.full(len(ks), -graph.tensors[tid].nbytes / SCALE))
-    if rows:
-        rows_a, cols_a, vals_a = np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
-        rhs = (budget + extra - np.asarray(graph.live_bytes, dtype=np.float64) - MARGIN_BYTES) / SCALE
-        used = np.unique(rows_a)
-        local = np.full(n, -1)
-        local[used] = np.arange(len(used))
-        R.add_block("capacity", local[rows_a], cols_a, vals_a, np.full(len(used), -np.inf), rhs[used])
+    # capacity: -sum s_t z[t] <= B - live_bytes[k], as a running sum (ilp.capacity_chain)
+    cap_iv = [(graph.tensors[tid].live[0], graph.tensors[tid].live[1], z[tid], -float(graph.tensors[tid].nbytes))
+              for tid in can]
+    rhs = (budget + extra - np.asarray(graph.live_bytes, dtype=np.float64) - MARGIN_BYTES) / SCALE
+    capacity_chain(R, V, cap_iv, rhs, n)
     stats = ILPStats(variables=V.n)
     h, lp = highs_model(highspy, V, R, constant, time_limit=time_limit, mip_gap=mip_gap, threads=threads,
                         verbose=verbose)
-    stats.binaries, stats.rows, stats.nonzeros = V.n, R.n, len(lp.a_matrix_.value_)
+    stats.binaries = int(np.concatenate(V.integer).sum())
+    stats.rows, stats.nonzeros = R.n, len(lp.a_matrix_.value_)
     stats.build_seconds = time.perf_counter() - t0
     x = solve_model(h, highspy, lp, None, constant, time_limit, stats)
     if x is None:
