@@ -74,6 +74,7 @@ tail -25 "$OUT/pytest.log"
 
 # ---- 3. the sweep: no new run after SWEEP_DEADLINE seconds, killed at 6 min - what was used
 left=$(( 345 - $(elapsed) ))
+[ "$left" -lt 60 ] && left=60
 deadline=${SWEEP_DEADLINE:-$(( left > 90 ? left - 75 : 15 ))}
 echo "== gpu_check.py (t=$(elapsed) s, deadline ${deadline} s, hard limit ${left} s)"
 timeout --signal=INT --kill-after=10 "$left" "$PY" benchmarks/gpu_check.py --out "$OUT" \
