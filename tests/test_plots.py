@@ -137,3 +137,14 @@ def test_plot_without_records_is_one_clear_line(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "autotm bench conventional" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_records_from_another_cost_model_are_not_compared(results):
+    import dataclasses
+
+    recs = _records(results, "conventional")
+    old = dataclasses.replace(recs[0], timestamp="2000-01-01T00:00:00+00:00", budget="2:1", ratio="2:1",
+                              oracle_seconds=recs[0].oracle_seconds * 3, predicted_seconds=1e9)
+    assert plots._current(recs + [old]) == recs
+    fig, data = plots.speedup_figure(recs + [old], "sim:nvme")
+    assert "2:1" not in data["resnet50"].get(old.formulation, {})

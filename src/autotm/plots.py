@@ -9,6 +9,7 @@ simulated, and every title says which, and on which memory system.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections import defaultdict
@@ -20,6 +21,8 @@ import numpy as np
 
 from .bench import BUDGET_FREE
 from .results import Record
+
+log = logging.getLogger("autotm.plots")
 
 COST_RATIO = 2.1  # DRAM $/GB over PMM $/GB, as the paper's Figure 9
 
@@ -92,6 +95,26 @@ def _by_memory(records: Iterable[Record]) -> dict[str, list[Record]]:
     for r in records:
         out[r.memory_system].append(r)
     return dict(out)
+
+
+def _current(records: Iterable[Record]) -> list[Record]:
+    """Drop records made with another cost model than the workload's latest record (a sim:
+    spec whose compute peak was measured again, a new profile): times from two cost models
+    are not comparable. The oracle time (sum of all-fast kernel times) identifies the model."""
+    records = list(records)
+    latest: dict[tuple, float] = {}
+    for r in sorted(records, key=lambda r: r.timestamp):
+        if r.oracle_seconds:
+            latest[(r.memory_system, r.workload)] = r.oracle_seconds
+    out = []
+    for r in records:
+        ref = latest.get((r.memory_system, r.workload))
+        if r.oracle_seconds and ref and abs(r.oracle_seconds - ref) > 1e-6 * ref:
+            log.warning("%s %s %s %s: made with another cost model than the latest records; not plotted",
+                        r.memory_system, r.workload, r.formulation, r.budget)
+            continue
+        out.append(r)
+    return out
 
 
 def _ok(records: Iterable[Record]) -> list[Record]:
@@ -181,7 +204,7 @@ def speedup_figure(records: Sequence[Record], memory: str):
 
     Returns (figure, data) with data[model][formulation][ratio] = plotted speedup and
     data[model]["all-fast"][ratio] = the all-fast line."""
-    recs = [r for r in records if r.memory_system == memory]
+    recs = _current(r for r in records if r.memory_system == memory)
     ok = _ok(recs)
     if not ok:
         raise NothingToPlot("no finished runs")
@@ -256,7 +279,7 @@ def speedup(records, out, tag: str = "conventional") -> list[Path]:
 def large_figure(records: Sequence[Record], memory: str):
     """Figure 8: speedup over lru (2LM's analogue) of each formulation per large workload.
     data[(model, batch, budget)][formulation] = speedup."""
-    recs = [r for r in records if r.memory_system == memory]
+    recs = _current(r for r in records if r.memory_system == memory)
     ok = _ok(recs)
     budgets = sorted({r.budget for r in recs if r.budget})
     forms = sorted({r.formulation for r in recs if r.formulation != "lru"}, key=list(COLORS).index)
@@ -308,7 +331,7 @@ def costs_figure(records: Sequence[Record], memory: str, formulation: str | None
     (synchronous, else static) at 1:0, 8:1, 4:1 and 1:1, next to the
     memory cost relative to all-fast ("$" marks, right axis, cost_ratio 2.1).
     data[model][ratio] = performance relative to all-fast."""
-    recs = [r for r in records if r.memory_system == memory]
+    recs = _current(r for r in records if r.memory_system == memory)
     ok = _ok(recs)
     if formulation is None:  # the paper's: synchronous; static where a direct system has no synchronous runs
         formulation = "synchronous" if any(r.formulation == "synchronous" for r in ok) else "static"
@@ -363,7 +386,7 @@ def case_study_figure(records: Sequence[Record], memory: str):
     bytes kept resident rather than moved back), (c) GB moved to slow and to fast memory.
     The dashed vertical line is the all-fast footprint. data[formulation] = {"budget_gb",
     "slowdown", "inputs_fast", "outputs_fast", "gb_to_slow", "gb_to_fast"} lists."""
-    recs = [r for r in records if r.memory_system == memory]
+    recs = _current(r for r in records if r.memory_system == memory)
     ok = _ok(recs)
     wls = _workloads(ok)
     if not wls:
@@ -433,7 +456,7 @@ def case_study(records, out, tag: str = "case-study") -> list[Path]:
 def error_figure(records: Sequence[Record], memory: str):
     """Figure 11: prediction error 100 (predicted - measured) / measured per ratio, per model
     and formulation, for executed runs only. data[model][formulation][ratio or "-"] = percent."""
-    recs = [r for r in records if r.memory_system == memory and not r.simulated]
+    recs = _current(r for r in records if r.memory_system == memory and not r.simulated)
     ok = [r for r in _ok(recs) if r.predicted_seconds is not None and r.measured_seconds]
     if not ok:
         raise NothingToPlot("no executed runs with a prediction")
@@ -486,7 +509,7 @@ def gpu_figure(records: Sequence[Record], memory: str):
     """Figure 12: speedup over lru at each fast budget of sync, async, save-on-cpu and
     all-fast, and of the oracle (the sum of the profiled kernel times: no memory limit and
     no moves). data[(model, batch, budget)][bar] = speedup."""
-    recs = [r for r in records if r.memory_system == memory]
+    recs = _current(r for r in records if r.memory_system == memory)
     ok = _ok(recs)
     budgets = sorted({r.budget for r in recs if r.budget}, key=ratio_or_size)
     groups = [(wl, m, b) for b in budgets for wl, m in _workloads(recs) if _find(ok, wl, "lru", budget=b)]
