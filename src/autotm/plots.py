@@ -64,6 +64,9 @@ def save(fig, out: str | os.PathLike, name: str) -> list[Path]:
 
 
 def slug(memory: str) -> str:
+    """A file-name part for a memory system: "sim:optane" -> "sim-optane", "sim:specs/x.toml" -> "sim-x"."""
+    if memory.startswith("sim:") and memory.endswith(".toml"):
+        memory = "sim:" + Path(memory[4:]).stem
     return memory.replace(":", "-").replace("+", "-").replace("/", "-")
 
 
@@ -440,9 +443,13 @@ def case_study_figure(records: Sequence[Record], memory: str):
                transform=c.transAxes, ha="center", va="center", fontsize=9, color="0.3")
     for ax in (a, b, c):
         ax.legend(fontsize=7, loc="best")
-    notes = sorted({f"{r.formulation}: {r.status}" for r in recs if r.status in ("unsupported", "error")})
+    missing: dict[tuple, int] = defaultdict(int)
+    for r in recs:
+        if r.status in ("unsupported", "error"):
+            missing[(r.formulation, r.status, r.message.split(":")[0])] += 1
+    notes = [f"{f}: {n} {status} ({why})" for (f, status, why), n in sorted(missing.items())]
     fig.suptitle(f"Figure 10: {MODEL_TITLES.get(model, model)} (batch {fast.batch}) case study, {_title(recs)}" +
-                 (f"\nnot shown: {'; '.join(notes)}" if notes else ""), fontsize=10)
+                 (f"\nbudgets not shown: {'; '.join(notes)}" if notes else ""), fontsize=10)
     fig.tight_layout()
     return fig, data
 
