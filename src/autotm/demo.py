@@ -48,9 +48,13 @@ def run_demo(console: Console, *, model: str = "resnet50", budget: str = "4:1", 
                 r = run_workload(w, graph, cm, p, ms, iterations=iterations, verify=True, reference=ref)
             rows.append((name, p, r))
     base = next(r.report.measured_seconds for n, _, r in rows if n == "all-fast")
-    t = Table(title=f"{w.name}, cpu+file, budget {budget} = {_mib(rows[1][1].meta['budget_bytes'])}")
+    from rich import box
+
+    # no vertical rules: the eight columns fit an 80-column terminal with full headers
+    t = Table(title=f"{w.name}, cpu+file, budget {budget} = {_mib(rows[1][1].meta['budget_bytes'])}",
+              box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True, pad_edge=False)
     for col in ("planner", "pred s", "meas s", "x fast", "peak MiB", "moved MiB", "solve s", "exact"):
-        t.add_column(col, justify="left" if col == "planner" else "right", no_wrap=True)
+        t.add_column(col, justify="left" if col == "planner" else "right", no_wrap=True, min_width=len(col))
     ok = True
     for name, p, r in rows:
         rep = r.report
