@@ -135,6 +135,10 @@ def _plan_summary(p) -> dict:
         "bytes_to_fast": m["bytes_to_fast"], "moves": m["moves"], "budget_bytes": m.get("budget_bytes"),
         "peak_fast_bytes": m["peak_fast_bytes"], "simulated": m["simulated"], "memory_system": p.memory_system,
         "graph": p.graph_name, "pin_params": m.get("pin_params", False),
+        # fragmentation: the arena a static layout of the fast tensors needs, against the budget
+        "requested_budget_bytes": m.get("requested_budget_bytes"), "arena_bytes": m.get("arena_bytes"),
+        "arena_fits": m.get("arena_fits"), "defrag_retries": m.get("defrag_retries", 0),
+        "warning": m.get("warning"),
     }
 
 
@@ -175,7 +179,13 @@ def plan(
     t.add_row("predicted iteration", f"{s['predicted_seconds']:.4f} s")
     t.add_row("budget", human_bytes(s["budget_bytes"] or 0))
     t.add_row("peak fast bytes", human_bytes(s["peak_fast_bytes"]))
+    if s["arena_bytes"] is not None:
+        t.add_row("arena (static layout)", f"{human_bytes(s['arena_bytes'])} achieved for "
+                  f"{human_bytes(s['requested_budget_bytes'] or 0)} requested"
+                  f" ({s['defrag_retries']} defrag re-solve{'' if s['defrag_retries'] == 1 else 's'})" + ("" if s["arena_fits"] in (None, True) else " [red]does not fit[/red]"))
     t.add_row("moves", f"{s['moves']} ({human_bytes(s['bytes_to_slow'])} to slow, {human_bytes(s['bytes_to_fast'])} to fast)")
+    if s["warning"]:
+        t.add_row("warning", str(s["warning"]))
     if output:
         t.add_row("written to", output)
     console.print(t)
