@@ -97,7 +97,8 @@ def test_gpu_and_large_figures(results):
     lru = t["lru"].predicted_seconds
     assert bars["synchronous"] == pytest.approx(lru / t["synchronous"].predicted_seconds)
     assert bars["all-fast"] == pytest.approx(lru / t["all-fast"].predicted_seconds)
-    assert bars["oracle"] == pytest.approx(lru / t["lru"].oracle_seconds) and bars["oracle"] >= bars["all-fast"]
+    assert bars["oracle"] == pytest.approx(lru / t["lru"].oracle_seconds)
+    assert bars["oracle"] >= bars["all-fast"] * (1 - 1e-9)  # kernel time only: no plan is faster
     recs = _records(results, "large")
     fig, data = plots.large_figure(recs, "sim:nvme")
     (bars,) = data.values()
