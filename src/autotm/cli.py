@@ -85,7 +85,7 @@ def graph(
     console.print(t)
 
 
-MEMORY_OPT = typer.Option("cpu+file", "--memory", "-m", help="cpu+file (default), cpu+mmap, cpu+numa, or sim:SPEC (optane, cxl, nvme, pcie-host).")
+MEMORY_OPT = typer.Option("cpu+file", "--memory", "-m", help="cpu+file (default), cpu+mmap, cpu+numa, or sim:SPEC (optane, cxl, nvme, pcie-host; optane-xeon, nvme-xeon with a server's compute peak).")
 BUDGET_OPT = typer.Option(None, "--budget", "-B", help="Fast-memory budget: bytes (6GB, 512MiB) or slow:fast ratio (4:1).")
 FORMULATION_OPT = typer.Option("asynchronous", "--formulation", "-f", help="synchronous, asynchronous (ILP) or a baseline: all-fast, first-touch, lru.")
 CACHE_OPT = typer.Option(None, "--cache", help="Profile cache file (SQLite); default in the user's cache directory.")
