@@ -21,7 +21,7 @@ ExecutorSession then frees the carried state and refuses to report.
 Process memory (RSS) with a budget: peak RSS <= budget + the process's RSS before any
 tensor of the iteration exists + a constant (benchmarks/rss_overhead.py states and
 measures it). glibc keeps freed blocks for reuse (no page faults in the steady state,
-_keep_freed_memory), and the executor gives them back (malloc_trim) only when the RSS it
+keep_freed_memory), and the executor gives them back (malloc_trim) only when the RSS it
 reads before a kernel, plus what that kernel and its moves will allocate, would pass
 budget + baseline + RSS_SLACK_BYTES; the tier's idle read buffers count against the budget.
 """
@@ -152,7 +152,7 @@ def _libc():
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4  # mallopt parameters (malloc.h)
 
 
-def _keep_freed_memory() -> None:
+def keep_freed_memory() -> None:
     """Make glibc keep freed blocks for reuse: no mmap, no trimming of its own.
 
     Each iteration allocates the same tensors again. With glibc's defaults, blocks over
@@ -349,7 +349,7 @@ class Executor(Replay):
     memory system recycles (cpu+file's cache) count against the budget: before each
     kernel, if the bytes the plan holds at that kernel plus the idle cache would pass the
     budget, the cache is released. Without a budget glibc simply keeps freed blocks for the
-    next iteration (_keep_freed_memory).
+    next iteration (keep_freed_memory).
     """
 
     def __init__(self, graph: TrainingGraph, plan: Plan, memory: MemorySystem, *, budget_bytes: int | None = None,
@@ -364,7 +364,7 @@ class Executor(Replay):
         self.validation = validate(plan, graph, budget_bytes=self.budget)
         # (host RSS honesty is for CPU fast tiers; a device's budget is on the device)
         self.trim_memory = trim_memory if trim_memory is not None else (self.budget is not None and self.device is None)
-        _keep_freed_memory()
+        keep_freed_memory()
         self._rss = _RssReader() if self.trim_memory else None
         n = len(graph.kernels)
         self.initial = {tp.id: tp.initial for tp in plan.tensors}

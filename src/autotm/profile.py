@@ -601,11 +601,11 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
     if graph.fake:
         raise ValueError(f"graph {graph.name} was captured on fake tensors: it cannot be timed on "
                          f"{memory.name}; capture it on real tensors, or profile on a sim:<spec> system")
-    from .executor import _keep_freed_memory
+    from .executor import keep_freed_memory
 
     # the executor's allocator policy, so kernels are timed as it runs them: their outputs
     # land in reused heap memory, not in fresh pages that fault in on every call
-    _keep_freed_memory()
+    keep_freed_memory()
     t_start = time.perf_counter()
     db, owned = _open_cache(cache)
     try:
