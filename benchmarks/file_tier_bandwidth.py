@@ -6,8 +6,10 @@ For each size, in one run, interleaved, many repeats (median reported):
   touched buffer to/from a file in the same directory: the physical limit here;
 * tier sync write / read: ``to_slow(t)`` / ``to_fast(h)``;
 * tier async write / read: ``start_to_slow(t).wait()`` / ``start_to_fast(h).wait()``
-  on the tier's I/O worker, with no kernel to overlap (so the hand-off to the worker
-  and back is fully exposed; it is printed on its own).
+  with no kernel to overlap, so the cost of starting and collecting a move is fully
+  exposed. The tier's async engine is Linux AIO where available (io_submit on this
+  thread, io_getevents in wait); the hand-off to the fallback I/O thread is printed on
+  its own.
 
 Fairness (all measured on this machine's shared virtual disk):
 
@@ -17,10 +19,11 @@ Fairness (all measured on this machine's shared virtual disk):
   4096), so the tier handles the unaligned case, writing one page more. Write speed
   from two different buffers of one size differed by up to 45 %, either way between
   runs: a property of the buffer's memory, not of the code.
-* Reads: the tier reads into its own recycled buffer; plain I/O reads into two
-  buffers of its own and the faster median counts (one buffer of a pair read 1.5x
-  slower than the other in several runs, whichever was made first). So the ratio is, if
-  anything, low.
+* Reads: the tier reads into memory from PyTorch's CPU allocator (glibc keeps freed
+  blocks, as in a run: keep_freed_memory), so steady-state reads land in pages already
+  touched; plain I/O reads into two touched buffers of its own and the faster median
+  counts (one buffer of a pair read 1.5x slower than the other in several runs,
+  whichever was made first). So the ratio is, if anything, low.
 * Steady state: one untimed warm-up round per size (the tier's arena extent and its
   recycled read buffer exist afterwards, as from a training run's second iteration).
   Each round frees its handle; the next write reuses the extent, as plain I/O
@@ -41,8 +44,11 @@ import time
 
 import torch
 
+from autotm.executor import keep_freed_memory
 from autotm.tiers.base import PAGE, IOWorker
-from autotm.tiers.file_tier import HUGE_PAGE_MIN, FileMemorySystem
+from autotm.tiers.file_tier import FileMemorySystem
+
+HUGE_PAGE_MIN = 4 << 20
 
 
 def plain_file(directory: str) -> int:
@@ -117,6 +123,7 @@ def main() -> None:
                     help="rounds for the largest sizes; small sizes get more (up to 200)")
     args = ap.parse_args()
     rng = random.Random(0)
+    keep_freed_memory()  # as the executor and the profiler run
 
     with FileMemorySystem(args.dir) as ms:
         if not ms.direct_io:
@@ -136,14 +143,15 @@ def main() -> None:
         hand = sorted(timed(lambda: worker.submit(lambda: None).wait()) for _ in range(1000))
         worker.close()
 
-    print(f"slow directory: {os.path.dirname(ms.directory)} (O_DIRECT)   "
+    print(f"slow directory: {os.path.dirname(ms.directory)} (O_DIRECT, async engine "
+          f"{ms.async_engine})   "
           f"medians over the rounds shown   {elapsed:.0f} s")
     print(f"{'size':>8} {'rounds':>6} {'dir':>6} {'plain GB/s':>11} {'sync GB/s':>10} "
           f"{'ratio':>6} {'async GB/s':>11} {'ratio':>6}")
     for mib, repeats, d, plain, sync, asyn in rows:
         print(f"{mib:>5}MiB {repeats:>6} {d:>6} {plain:>11.2f} {sync:>10.2f} "
               f"{sync / plain:>6.2f} {asyn:>11.2f} {asyn / plain:>6.2f}")
-    print(f"async hand-off of an empty job, to the worker and back: median "
+    print(f"fallback engine (I/O thread): hand-off of an empty job, to the worker and back: median "
           f"{hand[len(hand) // 2] * 1e6:.0f} us, 90th percentile "
           f"{hand[len(hand) * 9 // 10] * 1e6:.0f} us")
 

@@ -101,12 +101,15 @@ def direct_case(draw):
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(direct_case())
-def test_direct_plans_validate_match_the_simulator_and_beat_static_and_first_touch(case):
+@given(direct_case(), st.booleans())
+def test_direct_plans_validate_match_the_simulator_and_beat_static_and_first_touch(case, overlap):
     g, seconds, slow_factor, budget = case
     cm = direct_cost_model(g, seconds, slow_factor)
-    # moves cost about as much as a kernel: some are worth it, some not
-    cm = type(cm)(**{**cm.__dict__, "moves": {k: type(v)(1e-5, 5e6) for k, v in cm.moves.items()}})
+    # moves cost about as much as a kernel: some are worth it, some not; with `overlap`
+    # the async copies at one kernel share one fixed cost
+    cm = type(cm)(**{**cm.__dict__, "moves": {k: type(v)(1e-3 if overlap else 1e-5, 5e6)
+                                              for k, v in cm.moves.items()},
+                     "async_overlap": overlap})
     try:
         static = plan(g, cm, budget, "static", mip_gap=1e-6, time_limit=20, arena=False)
     except InfeasibleBudget:

@@ -140,7 +140,7 @@ def test_profile_times_every_kernel_then_hits_the_cache(tiny, memory, tmp_path):
         assert mc.latency_s >= 0 and mc.bandwidth_bytes_per_s > 0
     # a kernel's time: its signature's time (timed once) + the interpreter's work after it there
     with ProfileCache(path) as db:
-        rows = db.kernel_times(db.environment(environment("cpu+file")))
+        rows = db.kernel_times(db.environment(environment("cpu+file", None, memory.async_engine)))
     assert len(rows) == unique_keys(g)
     for k, s in zip(g.kernels, cm.kernel_seconds):
         assert s >= rows[(k.signature, "fast")] > 0
@@ -174,7 +174,7 @@ def test_signatures_differing_only_in_stride_or_padding_are_separate_entries(tin
     path = tmp_path / "c.sqlite"
     profile(g, memory, path, inputs=inputs, **SMALL_MOVES)
     with ProfileCache(path) as db:
-        env = db.environment(environment("cpu+file"))
+        env = db.environment(environment("cpu+file", None, memory.async_engine))
         rows = db.kernel_times(env)
     for sig in convs + mms:
         assert (sig, "fast") in rows
@@ -186,15 +186,17 @@ CHILD = TINY_SOURCE + textwrap.dedent('''
     import sys, time
     from autotm.profile import profile, environment
     from autotm.profile_cache import environment_key
+    from autotm.tiers import make_memory_system
     g, inputs = tiny_graph()
-    print("env", environment_key(environment("cpu+file")), flush=True)
+    ms = make_memory_system("cpu+file")
+    print("env", environment_key(environment("cpu+file", None, ms.async_engine)), flush=True)
 
     def progress(done, total, what):
         if not what.startswith("move"):
             print("kernel", done, total, flush=True)
             time.sleep(0.1)
 
-    profile(g, "cpu+file", sys.argv[1], inputs=inputs, progress=progress,
+    profile(g, ms, sys.argv[1], inputs=inputs, progress=progress,
             move_sizes=(65536, 1048576), move_repeats=2)
     print("finished", flush=True)
 ''')
@@ -225,7 +227,8 @@ def test_a_killed_profiler_resumes_without_losing_measurements(tiny, tmp_path, s
             proc.kill()
             proc.wait()
     assert proc.returncode != 0
-    assert env_key == environment_key(environment("cpu+file"))
+    with make_memory_system("cpu+file") as ms:
+        assert env_key == environment_key(environment("cpu+file", None, ms.async_engine))
     with ProfileCache(path) as db:
         done = db.kernel_times(env_key)
     assert len(done) >= 3

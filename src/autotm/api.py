@@ -129,14 +129,15 @@ class WorkloadRun:
 
 
 def run_workload(w, graph, cost_model, plan_obj, memory: MemorySystem, *, iterations: int = 3,
-                 verify: bool = False, reference=None) -> WorkloadRun:
-    """Execute `plan_obj` for `iterations` on `memory`; with verify, compare with eager bit for bit."""
+                 verify: bool = False, reference=None, trim_memory: bool | None = None) -> WorkloadRun:
+    """Execute `plan_obj` for `iterations` on `memory`; with verify, compare with eager bit for bit.
+    `trim_memory`: as ExecutorSession (default: hold RSS near the budget when there is one)."""
     from .verify import verify_replay
 
     sessions: list[ExecutorSession] = []
 
     def factory(g, model, opt):
-        s = ExecutorSession(g, plan_obj, memory, model, opt)
+        s = ExecutorSession(g, plan_obj, memory, model, opt, trim_memory=trim_memory)
         sessions.append(s)
         return s
 

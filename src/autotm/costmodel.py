@@ -11,12 +11,16 @@ Produced by `autotm.profile.profile` (measured on a real memory system) or by
   Kernels with more operands than the profiler enumerates exhaustively carry only the
   all-slow placement and the placements with exactly one slow operand; ``kernel_time``
   then adds up the slowdowns of the slow operands (capped at the all-slow time).
-- ``moves[(direction, mode)]``: latency + bytes / bandwidth for direction ``to_slow`` /
-  ``to_fast`` and mode ``sync`` / ``async``.
+- ``moves[(direction, mode)]``: seconds to move n bytes, for direction ``to_slow`` /
+  ``to_fast`` and mode ``sync`` / ``async``: latency + bytes / bandwidth, or, for a
+  profiled tier, the measured (bytes, seconds) points joined by straight lines (a move's
+  fixed cost is not one constant across sizes: small moves were mispredicted by up to 2x
+  with a single line) and the fitted bandwidth beyond the largest point.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -39,9 +43,19 @@ def operand_tensors(inputs: Iterable[int], outputs: Iterable[int]) -> tuple[int,
 class MoveCost:
     latency_s: float
     bandwidth_bytes_per_s: float
+    points: tuple[tuple[int, float], ...] = ()  # measured (bytes, median seconds), sizes ascending
 
     def seconds(self, nbytes: int) -> float:
-        return self.latency_s + nbytes / self.bandwidth_bytes_per_s
+        pts = self.points
+        if not pts:
+            return self.latency_s + nbytes / self.bandwidth_bytes_per_s
+        if nbytes <= pts[0][0]:  # a smaller move still costs a whole request
+            return pts[0][1]
+        if nbytes >= pts[-1][0]:
+            return pts[-1][1] + (nbytes - pts[-1][0]) / self.bandwidth_bytes_per_s
+        i = bisect.bisect_left(pts, (nbytes, -1.0))
+        (n0, t0), (n1, t1) = pts[i - 1], pts[i]
+        return t0 + (t1 - t0) * (nbytes - n0) / (n1 - n0)
 
 
 @dataclass(frozen=True)
@@ -56,6 +70,10 @@ class CostModel:
     moves: dict[tuple[str, str], MoveCost]  # ("to_slow"|"to_fast", "sync"|"async") -> cost
     simulated: bool
     environment: dict = field(default_factory=dict)
+    # The async copies at one kernel are in flight together and overlap each other's fixed
+    # costs (Linux AIO: 16 copies of 16 KiB took 0.5 ms together, 5 ms one after another);
+    # False: they run one after another (an I/O thread, one copy stream). See async_seconds.
+    async_overlap: bool = False
 
     # ---- queries ----------------------------------------------------------------------
     def kernel_time(self, k: int, placement: tuple[str, ...] | None = None) -> float:
@@ -93,6 +111,27 @@ class CostModel:
         except KeyError:
             raise KeyError(f"no move cost for {direction!r} {mode!r}; have {sorted(self.moves)}") from None
 
+    def async_marginal_seconds(self, nbytes: int, direction: str) -> float:
+        """What an async copy adds to the others at its kernel: its bytes at the fitted
+        bandwidth when copies overlap (async_overlap), else its whole time."""
+        full = self.move_seconds(nbytes, direction, "async")
+        if not self.async_overlap or nbytes <= 0:
+            return full
+        return min(full, nbytes / self.moves[(direction, "async")].bandwidth_bytes_per_s)
+
+    def async_seconds(self, copies: Iterable[tuple[int, str]]) -> float:
+        """Seconds of the async copies (nbytes, direction) overlapping one kernel:
+            A = sum_m marginal_m + max_m (full_m - marginal_m)
+        (one copy's fixed cost shows, the rest only add bytes; without async_overlap,
+        marginal = full and A is the plain sum)."""
+        total, extra = 0.0, 0.0
+        for nbytes, direction in copies:
+            full = self.move_seconds(nbytes, direction, "async")
+            marg = self.async_marginal_seconds(nbytes, direction)
+            total += marg
+            extra = max(extra, full - marg)
+        return total + extra
+
     @property
     def total_kernel_seconds(self) -> float:
         return float(sum(self.kernel_seconds))
@@ -106,8 +145,10 @@ class CostModel:
             "access": self.access,
             "simulated": self.simulated,
             "environment": self.environment,
+            "async_overlap": self.async_overlap,
             "moves": [{"direction": d, "mode": m, "latency_s": c.latency_s,
-                       "bandwidth_bytes_per_s": c.bandwidth_bytes_per_s}
+                       "bandwidth_bytes_per_s": c.bandwidth_bytes_per_s,
+                       "points": [list(p) for p in c.points]}
                       for (d, m), c in sorted(self.moves.items())],
             "kernel_seconds": list(self.kernel_seconds),
             "placement_seconds": {str(k): [[list(p), s] for p, s in table.items()]
@@ -132,11 +173,13 @@ class CostModel:
                 kernel_seconds=tuple(float(x) for x in d["kernel_seconds"]),
                 placement_seconds={int(k): {tuple(p): float(s) for p, s in rows}
                                    for k, rows in d["placement_seconds"].items()},
-                moves={(m["direction"], m["mode"]): MoveCost(float(m["latency_s"]),
-                                                             float(m["bandwidth_bytes_per_s"]))
+                moves={(m["direction"], m["mode"]): MoveCost(
+                    float(m["latency_s"]), float(m["bandwidth_bytes_per_s"]),
+                    tuple((int(n), float(t)) for n, t in m.get("points", ())))
                        for m in d["moves"]},
                 simulated=bool(d["simulated"]),
                 environment=dict(d.get("environment", {})),
+                async_overlap=bool(d.get("async_overlap", False)),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed cost model JSON: {e!r}") from None

@@ -88,7 +88,7 @@ LONG_KERNEL_S = 0.25  # in-situ sampling: this much sampled time of a kernel is 
 
 # ---- moves -------------------------------------------------------------------------------
 MOVE_SIZES = tuple(4096 * 4 ** i for i in range(8))  # 4 KiB .. 64 MiB
-MOVE_REPEATS = 3
+MOVE_REPEATS = 5
 
 # Direct access: kernels with at most this many unique operands get every placement;
 # others get all-slow and the single-slow placements (CostModel.kernel_time adds them up).
@@ -139,7 +139,8 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def environment(memory_system: str, device: torch.device | None = None) -> dict:
+def environment(memory_system: str, device: torch.device | None = None,
+                async_engine: str | None = None) -> dict:
     """What a measurement depends on besides the kernel: the cache key's environment part.
 
     `device`: the fast tier's device; for a GPU, "device" is the GPU's name (so CPU timings
@@ -151,8 +152,10 @@ def environment(memory_system: str, device: torch.device | None = None) -> dict:
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "memory_system": memory_system,
-        "method": 2,  # how moves are timed (2: async ends at the worker's own timestamp)
+        "method": 3,  # how moves are timed (3: within a burst; async ends when it completed)
     }
+    if async_engine is not None:  # cpu+file: Linux AIO or the I/O thread
+        env["async_io"] = async_engine
     if device is not None and torch.device(device).type == "cuda":
         env.update(device=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
                    cudnn=torch.backends.cudnn.version())
@@ -494,6 +497,10 @@ def _while_computing(pending, a: torch.Tensor, t0: float):
 def _host_move_seconds(memory, t: torch.Tensor, load: torch.Tensor) -> dict[tuple[str, str], float]:
     """Seconds of the four moves of `t` by the host's clock."""
     got = {}
+    # An untimed round trip first: the executor's moves come in bursts between kernels,
+    # and a storage device idle for a while answers its first request late (a 4 KiB
+    # write here: ~300 us after an idle spell, ~60 us within a burst).
+    memory.free_slow(memory.to_slow(-1, t))
     t0 = time.perf_counter()
     h = memory.to_slow(-1, t)
     got[("to_slow", "sync")] = time.perf_counter() - t0
@@ -518,7 +525,10 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
                   stats: ProfileStats | None = None) -> dict[tuple[str, str], MoveCost]:
     """Sync and async seconds of both directions over `sizes`, fitted per direction and mode."""
     have = {} if recache else cache.move_samples(env)
-    want = [(n, r) for n in sizes for r in range(repeats)]
+    # repeat-major: each size is sampled across the whole measurement, so a slow spell of
+    # the device (its small-request latency here drifted between ~70 and ~300 us over
+    # minutes) weighs on every size alike instead of biasing some
+    want = [(n, r) for r in range(repeats) for n in sizes]
     missing = [(n, r) for n, r in want
                if any((d, m, n, r) not in have for d in DIRECTIONS for m in MOVE_MODES)]
     if stats is not None:
@@ -548,8 +558,22 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
     for d in DIRECTIONS:
         for m in MOVE_MODES:
             pts = [(n, have[(d, m, n, r)]) for n, r in want]
-            out[(d, m)] = _fit_move(pts)
+            out[(d, m)] = _move_cost(pts)
     return out
+
+
+def _move_cost(points: list[tuple[int, float]]) -> MoveCost:
+    """The fit (its bandwidth carries past the largest size) and the median per size,
+    made non-decreasing in size (a larger move never predicted cheaper)."""
+    fit = _fit_move(points)
+    by_size: dict[int, list[float]] = {}
+    for n, t in points:
+        by_size.setdefault(n, []).append(t)
+    med, prev = [], 0.0
+    for n in sorted(by_size):
+        prev = max(prev, statistics.median(by_size[n]))
+        med.append((n, prev))
+    return MoveCost(fit.latency_s, fit.bandwidth_bytes_per_s, tuple(med))
 
 
 # ------------------------------------------------------------------------------ profile
@@ -612,7 +636,7 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
         stats = ProfileStats(total_kernels=len(graph.kernels), cache_path=str(db.path),
                              cache_rebuilt=db.rebuilt_reason, unique_kernels=graph.unique_signatures)
         device = getattr(memory, "fast_device", None)
-        envd = environment(memory.name, device)
+        envd = environment(memory.name, device, getattr(memory, "async_engine", None))
         env = db.environment(envd)
         have = {} if recache else db.kernel_times(env)  # recache: measure again, replace the rows
         pending = {} if recache else db.pending(env)
@@ -719,7 +743,9 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
         stats.seconds = time.perf_counter() - t_start
         cm = CostModel(graph_fingerprint=graph.fingerprint, memory_system=memory.name, access=memory.access,
                        kernel_seconds=kernel_seconds, placement_seconds=placement_seconds, moves=moves,
-                       simulated=False, environment=envd)
+                       simulated=False, environment=envd,
+                       # Linux AIO keeps a kernel's copies in flight together
+                       async_overlap=getattr(memory, "async_engine", None) == "aio")
         return cm, stats
     finally:
         if owned:

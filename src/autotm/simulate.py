@@ -12,9 +12,12 @@ rejects is rejected here too) and charges, with c = cost_model:
            placement_k: per unique operand of k (kernel.inputs + kernel.outputs order)
            "slow" if the timeline has it in slow memory while k runs (direct access),
            else "fast"; staged access: the all-fast time
-    A_k  = sum over async moves m at k of c.move_seconds(m.nbytes, dir(m), "async")
-           (the copies at one kernel run one after another on the single I/O worker,
-           and together overlap kernel k)
+    A_k  = c.async_seconds(async moves m at k)
+         = sum_m c.async_marginal_seconds(m.nbytes, dir(m))
+           + max_m [c.move_seconds(m.nbytes, dir(m), "async") - marginal_m]
+           (the copies at one kernel together overlap kernel k; with c.async_overlap
+           (Linux AIO) they are in flight together and only one's fixed cost shows, else
+           they run one after another and A_k is the plain sum of their times)
     T_in = sum over graph inputs that start slow and are not carried between iterations
            (the batch, per-iteration scalars) of c.move_seconds(nbytes, "to_slow", "sync")
            (the executor writes them to slow memory when it places the inputs)
@@ -112,7 +115,8 @@ def simulate(plan: Plan, graph: TrainingGraph, cost_model: CostModel) -> Simulat
     for step in replay:
         k = step.kernel
         s = sum(_move_seconds(cm, m, "sync") for m in step.sync_moves)
-        a = sum(_move_seconds(cm, m, "async") for m in step.async_moves)
+        a = cm.async_seconds((m.nbytes, _DIRECTION[m.action.kind]) for m in step.async_moves
+                             if m.action.kind in _DIRECTION)
         placement = None
         if direct and step.slow_operands:
             kern = graph.kernels[k]

@@ -31,7 +31,8 @@ first), a state at each use and the moves between consecutive uses.
     capacity:     sum_t s_t R[t,j] <= B at every kernel j, with R = 1 - s at a use and
                   R = 1 - s[t,i] - wA - dA + sum_{c >= j} wX + sum_{c <= j} pX inside a gap
     kernel time:  K_k = sum_c time(k, c) v[k,c] (or the additive model)
-    async:        y[k] >= K_k,  y[k] >= sum of the async copies at k
+    async:        y[k] >= K_k,  y[k] >= the async copies at k (ilp.add_async_overlap: one copy's
+                  fixed cost and the others' bytes, or the plain sum when copies do not overlap)
 
   Objective (what autotm.simulate computes for the decoded plan)
     min  sum_{k without async} K_k + sum_{k with async} y[k] + sync copies (+ T_in)
@@ -51,7 +52,8 @@ import numpy as np
 from ..costmodel import CostModel, operand_tensors
 from ..graph import TrainingGraph
 from ..plan import Action, Plan, TensorPlan
-from .ilp import MARGIN_BYTES, SCALE, ILPStats, InfeasibleBudget, _candidates, _Rows, _Vars, capacity_chain, \
+from .ilp import MARGIN_BYTES, SCALE, ILPStats, InfeasibleBudget, _candidates, _Rows, _Vars, add_async_overlap, \
+    capacity_chain, set_async_overlap, \
     default_min_tensor_bytes, highs_model, solve_model
 from .segments import carried_pairs
 from .static import FIXED_FAST, kernel_time_terms
@@ -117,7 +119,7 @@ def solve_direct(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
 
     V, R = _Vars(), _Rows()
     cap_iv: list[tuple[int, int, int, float]] = []
-    async_terms: dict[int, list[tuple[int, float]]] = {}
+    async_terms: dict[int, list[tuple[int, float, float]]] = {}  # kernel -> (col, full, marginal)
 
     def cap_add(j0: int, j1: int, col: int, coef: float) -> None:
         if j1 >= j0:
@@ -138,6 +140,7 @@ def solve_direct(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
             continue
         w_sync, r_sync = mv(s, "to_slow", "sync"), mv(s, "to_fast", "sync")
         w_async, r_async = mv(s, "to_slow", "async"), mv(s, "to_fast", "async")
+        w_async_m, r_async_m = cost.async_marginal_seconds(s, "to_slow"), cost.async_marginal_seconds(s, "to_fast")
         slow = [new() for _ in uses]
         x = tv[t.id] = _Tensor(t.id, uses, slow)
         for u, col in zip(uses, slow):
@@ -163,7 +166,7 @@ def solve_direct(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                 if async_ and not empty:
                     for c in _candidates(range(lo, min(lo + window - 1, hi) + 1), T, w_async, candidates):
                         g.wX[c] = new()
-                        async_terms.setdefault(c, []).append((g.wX[c], w_async))
+                        async_terms.setdefault(c, []).append((g.wX[c], w_async, w_async_m))
                         cap_add(lo, c, g.wX[c], s)
                         evict.append(g.wX[c])
                 R.add("evict choice", evict + [g.wA], [1.0] * len(evict) + [-1.0], 0.0, 0.0)
@@ -182,7 +185,7 @@ def solve_direct(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
             if async_ and not empty:
                 for c in _candidates(range(max(lo, hi + 1 - window), hi + 1), T, r_async, candidates):
                     g.pX[c] = new()
-                    async_terms.setdefault(c, []).append((g.pX[c], r_async))
+                    async_terms.setdefault(c, []).append((g.pX[c], r_async, r_async_m))
                     cap_add(c, hi, g.pX[c], s)
                     pre.append(g.pX[c])
             R.add("flow", flow_cols + pre, flow_vals + [1.0] * len(pre), 0.0, 0.0)
@@ -220,6 +223,7 @@ def solve_direct(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     constant = 0.0
     configs: dict[int, tuple[tuple[int, ...], float, list[tuple[int, float]]]] = {}
     y: dict[int, int] = {}
+    z: dict[int, int | None] = {}
     for k in range(n):
         kern = graph.kernels[k]
         ops = operand_tensors(kern.inputs, kern.outputs)
@@ -228,8 +232,7 @@ def solve_direct(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
         configs[k] = (ops, const, terms, is_config)
         if k in async_terms:
             y[k] = col = int(V.add(1, cost=1.0, lower=0.0, upper=np.inf, integer=False)[0])
-            at = async_terms[k]
-            R.add("async overlap", [c for c, _ in at] + [col], [v for _, v in at] + [-1.0], -np.inf, 0.0)
+            z[k] = add_async_overlap(V, R, col, async_terms[k])
             R.add("async overlap", [c for c, _ in terms] + [col], [v for _, v in terms] + [-1.0], -np.inf, -const)
         else:
             constant += const
@@ -247,7 +250,7 @@ def solve_direct(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     stats.binaries = int(np.concatenate(V.integer).sum())
     stats.rows, stats.nonzeros = R.n, len(lp.a_matrix_.value_)
     stats.build_seconds = time.perf_counter() - t_build
-    x0 = _warm_start_vector(warm_start, V.n, tv, configs, y, async_terms) if warm_start else None
+    x0 = _warm_start_vector(warm_start, V.n, tv, configs, (y, z), async_terms) if warm_start else None
     x0 = fill(x0) if x0 is not None else None
     x = solve_model(h, highspy, lp, x0, constant, time_limit, stats)
     if x is None:
@@ -292,7 +295,7 @@ def _decode(graph: TrainingGraph, cost: CostModel, budget: int, formulation: str
                 tensors=tuple(tensors), meta={})
 
 
-def _warm_start_vector(plan: Plan, nvars: int, tv: dict[int, _Tensor], configs, y, async_terms):
+def _warm_start_vector(plan: Plan, nvars: int, tv: dict[int, _Tensor], configs, yz, async_terms):
     """A full assignment reproducing `plan` (a static, first-touch, lru or synchronous plan),
     or None when the plan uses moves this model cannot express (HiGHS then starts cold).
     Sync leaves are moved to the start of their gap and sync prefetches to its end: the
@@ -361,9 +364,10 @@ def _warm_start_vector(plan: Plan, nvars: int, tv: dict[int, _Tensor], configs, 
     for k, (ops, const, terms, is_config) in configs.items():
         if is_config:
             _set_config(x, terms, k, ops, tv)
+    y, z = yz
     for k, col in y.items():
         ops, const, terms, _ = configs[k]
-        x[col] = max(const + sum(c * x[t] for t, c in terms), sum(v * x[t] for t, v in async_terms[k]))
+        set_async_overlap(x, col, z[k], async_terms[k], const + sum(c * x[t] for t, c in terms))
     return x
 
 

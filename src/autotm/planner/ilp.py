@@ -26,7 +26,10 @@ Notation (one tensor t of size s_t, one movable segment g of it; see segments.py
     capacity:            sum_t s_t R[t,j] <= B                          for every kernel j
                          (as a running sum L[j] = L[j-1] + changes at j, L[j] <= B - fixed bytes:
                          two nonzeros per interval of a variable instead of one per kernel)
-    async overlap:       y[c] >= T_c,  y[c] >= sum wX[.,c] m(s, to_slow, async) + sum pX[.,c] m(s, to_fast, async)
+    async overlap:       y[c] >= T_c,  y[c] >= sum_m x_m a_m + z[c],  z[c] >= (m_m - a_m) x_m  for each m
+                         over the copies m at c (x_m = wX[.,c] or pX[.,c], m_m = m(s, dir, async),
+                         a_m = its marginal, CostModel.async_marginal_seconds): one copy's fixed
+                         cost and the others' bytes (= the plain sum when copies do not overlap)
 
   Objective (predicted iteration seconds, exactly what autotm.simulate computes):
     min  sum_{c without async} T_c + sum_{c with async} y[c]
@@ -159,6 +162,32 @@ class _SegVars:
     pX: dict = field(default_factory=dict)
 
 
+def add_async_overlap(V: "_Vars", R: "_Rows", y: int, terms: list[tuple[int, float, float]]) -> int | None:
+    """y >= the async copies at one kernel, terms (col, full seconds, marginal seconds):
+        y >= sum_m a_m x_m + z,   z >= (m_m - a_m) x_m  for each m
+    (z: the one fixed cost that shows; absent when every copy costs its full time)."""
+    cols = [t for t, _, _ in terms] + [y]
+    vals = [a for _, _, a in terms] + [-1.0]
+    extra = [(t, full - a) for t, full, a in terms if full - a > 0.0]
+    if extra:
+        z = int(V.add(1, lower=0.0, upper=np.inf, integer=False)[0])
+        cols.append(z)
+        vals.append(1.0)
+        for t, e in extra:
+            R.add("async fixed cost", [t, z], [e, -1.0], -np.inf, 0.0)
+    R.add("async overlap", cols, vals, -np.inf, 0.0)
+    return z if extra else None
+
+
+def set_async_overlap(x, y: int, z: int | None, terms: list[tuple[int, float, float]], floor: float) -> None:
+    """Warm starts: the y (at least `floor`) and z values add_async_overlap needs for the
+    move choices already in x."""
+    extra = max([(full - a) * x[t] for t, full, a in terms], default=0.0)
+    if z is not None:
+        x[z] = extra
+    x[y] = max(floor, sum(a * x[t] for t, _, a in terms) + extra)
+
+
 def _candidates(kernels: range, T: np.ndarray, copy_seconds: float, limit: int) -> list[int]:
     """Kernels of a window worth overlapping a copy with: the `limit` longest ones, and only
     those at least a quarter as long as the copy (a copy over a shorter kernel mostly adds
@@ -223,7 +252,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     V, Rw = _Vars(), _Rows()
     seg_vars: dict[tuple[int, int], _SegVars] = {}
     start_slow: dict[int, int] = {}
-    async_terms: dict[int, list[tuple[int, float]]] = {}
+    async_terms: dict[int, list[tuple[int, float, float]]] = {}  # kernel -> (col, full, marginal)
     # capacity terms as intervals: variable `col` adds `coef` bytes at kernels j0..j1
     cap_iv: list[tuple[int, int, int, float]] = []
     cap_const = graph.live_bytes.astype(np.float64).copy()
@@ -236,6 +265,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
         s = ts.nbytes
         w_sync, r_sync = mv(s, "to_slow", "sync"), mv(s, "to_fast", "sync")
         w_async, r_async = mv(s, "to_slow", "async"), mv(s, "to_fast", "async")
+        w_async_m, r_async_m = cost.async_marginal_seconds(s, "to_slow"), cost.async_marginal_seconds(s, "to_fast")
         writes: list[int] = []
         st = -1
         if ts.carried_input:
@@ -254,7 +284,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                     for c in _candidates(range(max(0, hi + 1 - window), hi + 1), T, r_async, candidates):
                         col = int(V.add(1)[0])
                         sv.pX[c] = col
-                        async_terms.setdefault(c, []).append((col, r_async))
+                        async_terms.setdefault(c, []).append((col, r_async, r_async_m))
                         cap_add(c, hi, col, s)
                         choice.append(col)
                 Rw.add("prefetch choice", choice + [st], [1.0] * len(choice) + [-1.0], 0.0, 0.0)
@@ -273,7 +303,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                 for c in _candidates(range(lo, min(lo + window - 1, last) + 1), T, w_async, candidates):
                     col = int(V.add(1)[0])
                     sv.wX[c] = col
-                    async_terms.setdefault(c, []).append((col, w_async))
+                    async_terms.setdefault(c, []).append((col, w_async, w_async_m))
                     cap_add(lo, c, col, s)
                     evict.append(col)
             Rw.add("evict choice", evict + [sv.wA], [1.0] * len(evict) + [-1.0], 0.0, 0.0)
@@ -288,7 +318,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                     for c in _candidates(range(max(lo + 1, hi + 1 - window), hi + 1), T, r_async, candidates):
                         col = int(V.add(1)[0])
                         sv.pX[c] = col
-                        async_terms.setdefault(c, []).append((col, r_async))
+                        async_terms.setdefault(c, []).append((col, r_async, r_async_m))
                         cap_add(c, hi, col, s)
                         pre.append(col)
                 Rw.add("prefetch choice", pre + [sv.wA, sv.dA], [1.0] * len(pre) + [-1.0, -1.0], 0.0, 0.0)
@@ -310,12 +340,12 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
         if len(cols) > 1:
             Rw.add("one write", cols, [1.0] * len(cols), -np.inf, 1.0)
 
-    # async overlap: y[c] >= T_c and y[c] >= load_c; T_c of other kernels is a constant
-    y = {}
+    # async overlap: y[c] >= T_c and y[c] >= copies at c; T_c of other kernels is a constant
+    y, z = {}, {}
     for c, terms in sorted(async_terms.items()):
         col = int(V.add(1, cost=1.0, lower=T[c], upper=np.inf, integer=False)[0])
         y[c] = col
-        Rw.add("async overlap", [t for t, _ in terms] + [col], [v for _, v in terms] + [-1.0], -np.inf, 0.0)
+        z[c] = add_async_overlap(V, Rw, col, terms)
     constant_time = float(sum(T[c] for c in range(n) if c not in y))
 
     rhs = (budget + extra.astype(np.float64) - cap_const - MARGIN_BYTES) / SCALE
@@ -333,7 +363,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     stats.rows, stats.nonzeros = Rw.n, len(lp.a_matrix_.value_)
     stats.build_seconds = time.perf_counter() - t_build
 
-    x0 = _warm_start_vector(warm_start, V.n, seg_vars, start_slow, y, T, async_terms) if warm_start else None
+    x0 = _warm_start_vector(warm_start, V.n, seg_vars, start_slow, (y, z), T, async_terms) if warm_start else None
     x0 = fill(x0) if x0 is not None else None
     x = solve_model(h, highspy, lp, x0, constant_time, time_limit, stats)
     if x is None:
@@ -544,7 +574,7 @@ def _prefetch(sv: _SegVars, x, use: int) -> Action:
     return Action("prefetch", async_c[0], "async") if async_c else Action("prefetch", use, "sync")
 
 
-def _warm_start_vector(plan: Plan, n: int, seg_vars, start_slow, y, T, async_terms):
+def _warm_start_vector(plan: Plan, n: int, seg_vars, start_slow, yz, T, async_terms):
     """A full assignment of the ILP's variables that reproduces `plan`, or None if the plan
     uses moves the formulation cannot express (then HiGHS starts cold)."""
     x = np.zeros(n)
@@ -590,6 +620,7 @@ def _warm_start_vector(plan: Plan, n: int, seg_vars, start_slow, y, T, async_ter
             if col is None:
                 return None
             x[col] = 1
+    y, z = yz
     for c, col in y.items():
-        x[col] = max(T[c], sum(v * x[t] for t, v in async_terms[c]))
+        set_async_overlap(x, col, z[c], async_terms[c], T[c])
     return x
