@@ -312,8 +312,25 @@ def test_aio_context_reads_what_it_wrote(tmp_path):
         os.close(fd)
 
 
+def test_fast_read_buffers_are_recycled(tmp_path):
+    with FileMemorySystem(str(tmp_path)) as ms:
+        t = random_bits((MiB,), torch.uint8)
+        h = ms.to_slow(0, t)
+        x = ms.to_fast(h)
+        ptr = x.untyped_storage().data_ptr()
+        assert ms.cached_fast_bytes() == 0
+        del x
+        assert ms.cached_fast_bytes() > MiB
+        y = ms.start_to_fast(h).wait()  # the asynchronous read takes the same buffer
+        assert y.untyped_storage().data_ptr() == ptr and ms.cached_fast_bytes() == 0
+        assert_same(y, t)
+        y.add_(1)  # fast tensors are ordinary writable tensors
+        assert_same(ms.to_fast(h), t)
+        ms.release_cached()
+
+
 @pytest.mark.parametrize("offset", [0, 64, 4000])
-def test_read_back_tensors_are_plain_heap_tensors(tmp_path, offset):
+def test_read_back_tensors_keep_their_page_offset(tmp_path, offset):
     """A read-back storage holds exactly the original bytes, at the original page offset
     (so direct I/O reads it without a copy), and is an ordinary writable tensor."""
     with FileMemorySystem(str(tmp_path)) as ms:

@@ -23,8 +23,7 @@ tensor of the iteration exists + a constant (benchmarks/rss_overhead.py states a
 measures it). glibc keeps freed blocks for reuse (no page faults in the steady state,
 keep_freed_memory), and the executor gives them back (malloc_trim) only when the RSS it
 reads before a kernel, plus what that kernel and its moves will allocate, would pass
-budget + baseline + RSS_SLACK_BYTES. (cpu+file reads back into the same heap, so a dead
-prefetched tensor's memory serves the next kernel.)
+budget + baseline + RSS_SLACK_BYTES; the tier's idle read buffers count against the budget.
 """
 
 from __future__ import annotations
@@ -346,10 +345,13 @@ class Executor(Replay):
     With a budget (given, or the plan's), the runtime also keeps the process's memory
     honest (`trim_memory`, default: whether there is a budget): the heaps are trimmed at
     the start of each iteration and before any kernel whose allocations would take RSS
-    past budget + baseline + RSS_SLACK_BYTES. Without a budget glibc simply keeps freed
-    blocks for the next iteration (keep_freed_memory). The price of trimming, measured on
-    this VM: a trimmed page costs a fresh first touch later (about 2 GB/s here), and glibc's
-    heap fragments, so at tight budgets (resnet50 cpu at 4:1) the trims cost ~1 s per
+    past budget + baseline + RSS_SLACK_BYTES, and idle read buffers a
+    memory system recycles (cpu+file's cache) count against the budget: before each
+    kernel, if the bytes the plan holds at that kernel plus the idle cache would pass the
+    budget, the cache is released. Without a budget glibc simply keeps freed blocks for the
+    next iteration (keep_freed_memory). The price of trimming, measured on this VM: a
+    trimmed page costs a fresh first touch later (about 2 GB/s here), and glibc's heap
+    fragments, so at tight budgets (resnet50 cpu at 4:1) the trims cost ~1 s per
     iteration; `trim_memory=False` keeps the fast-tier byte account only.
     """
 
@@ -379,6 +381,13 @@ class Executor(Replay):
             lst.sort(key=lambda x: x[1].kind == "prefetch")
         self.has_moves = [bool(s or a) for s, a in zip(self.sync_at, self.async_at)]
         self.nbytes = [t.nbytes for t in graph.tensors]
+        # the idle read-buffer cache may grow to (budget - what the plan holds at kernel k)
+        cached = getattr(memory, "cached_fast_bytes", None)
+        release = getattr(memory, "release_cached", None)
+        self._cache_ctl = (cached, release) if (cached is not None and release is not None
+                                                and self.budget is not None) else None
+        self.cache_headroom = ([int(self.budget - b) for b in self.validation.fast_bytes]
+                               if self._cache_ctl else [])
         self.kernels = self._compile()
         # bytes kernel k's outputs and the prefetches before it allocate in fast memory
         self.incoming = [sum(b for _, _, b, slow in kc.outputs if not slow) for kc in self.kernels]
@@ -456,6 +465,10 @@ class Executor(Replay):
 
     # ---- the timeline -----------------------------------------------------------------
     def before_kernel(self, k: int) -> None:
+        if self._cache_ctl is not None:
+            cached, release = self._cache_ctl
+            if cached() > self.cache_headroom[k]:
+                release()
         for tid, a in self.sync_at[k]:  # step 1
             t0 = time.perf_counter()
             if a.kind == "evict":
@@ -573,6 +586,7 @@ class Executor(Replay):
         p = self.program
         n = len(p.kernel_nodes)
         nbytes, has_moves, kernels = self.nbytes, self.has_moves, self.kernels
+        cache_ctl = self._cache_ctl
         rss = self._rss
         incoming = self.incoming
         if rss is not None:
@@ -587,6 +601,8 @@ class Executor(Replay):
                     trim_heap()
                 if has_moves[k]:
                     self.before_kernel(k)
+                elif cache_ctl is not None and cache_ctl[0]() > self.cache_headroom[k]:
+                    cache_ctl[1]()
                 self.execute_kernel(k)
                 if self._pending:
                     self.after_kernel(k)

@@ -19,14 +19,13 @@ Design (measured on ext4 over virtio, see benchmarks/file_tier_bandwidth.py):
   tensor's storage straight from the tensor's memory, and stores them at a 4096-aligned
   file offset, so the storage starts ``pad = data_ptr % 4096`` bytes into its extent
   (the bytes around it in those pages are written but never read back). A read goes into
-  memory from PyTorch's own CPU allocator (one page more than the extent, so a page
-  boundary is inside), and the returned tensor's storage is exactly the original bytes at
-  ``pad`` past that boundary (``torch.frombuffer``; it keeps the allocation alive). So
-  read-back tensors and kernel outputs share one heap: what a dead prefetched tensor frees
-  the next kernel reuses, without new pages. (A separate pool of mapped read buffers,
-  the earlier design, held memory the heap could not reuse, so under a budget the executor
-  had to trim, and every trim cost page faults: ~1M per iteration for resnet50 at 4:1.)
-  Tensors read back from the file tier have non-resizable storages.
+  a page-aligned anonymous mapping, and the returned tensor is made over it with
+  ``torch.frombuffer(..., offset=pad)``: its storage is exactly the original size.
+  Fresh pages are costly (first-touch page faults ran at about the speed of the disk
+  here), so those buffers are recycled: when the fast tensor dies its mapping returns to
+  a small cache (``fast_cache_bytes``), as a caching allocator does. Storages under
+  256 KiB are read into a cached buffer and copied into a plain ``torch.empty``
+  tensor instead. Tensors read back from the file tier have non-resizable storages.
 * **Asynchronous moves use Linux native AIO** (``linux_aio.py``): ``start_to_slow`` /
   ``start_to_fast`` queue O_DIRECT requests with ``io_submit`` on the calling thread and
   ``wait()`` collects them with ``io_getevents``, so the device works while the kernel
@@ -44,9 +43,11 @@ from __future__ import annotations
 import bisect
 import ctypes
 import errno
+import mmap
 import os
 import threading
 import warnings
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -64,9 +65,14 @@ from autotm.tiers.base import (
     tensor_on_bytes,
 )
 
+SMALL_READ_BYTES = 256 << 10
+"""Storages below this are read through a cached buffer and copied into torch.empty."""
+
 IO_CHUNK = 1 << 30
 """Largest single pread/pwrite (Linux moves at most 2 GiB - 4 KiB per call)."""
 
+HUGE_PAGE_MIN = 4 << 20
+"""Fast buffers at least this large ask for transparent huge pages (fewer page faults)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -182,19 +188,56 @@ class _ArenaAllocator:
         self._free.insert(i, (offset, length))
 
 
-def _read_destination(length: int) -> tuple[torch.Tensor, int]:
-    """Memory from the CPU allocator holding `length` bytes from a page boundary on: the
-    allocation (uint8) and that boundary's address."""
-    raw = torch.empty(length + PAGE, dtype=torch.uint8)
-    return raw, round_up(raw.data_ptr())
+class _BufferCache:
+    """Page-aligned anonymous mappings to read into, recycled when their tensor dies."""
 
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.cached_bytes = 0
+        self._by_size: dict[int, list[mmap.mmap]] = {}
+        self._lock = threading.RLock()  # a tensor may die (and give back) anywhere
+        self._closed = False
 
-def _storage_at(raw: torch.Tensor, addr: int, nbytes: int) -> torch.Tensor:
-    """A 1-d uint8 tensor whose storage is exactly the `nbytes` at `addr` inside `raw`;
-    the storage keeps `raw` alive."""
-    window = (ctypes.c_char * nbytes).from_address(addr)
-    window.owner = raw
-    return torch.frombuffer(window, dtype=torch.uint8)
+    def take(self, size: int) -> mmap.mmap:
+        with self._lock:
+            stack = self._by_size.get(size)
+            if stack:
+                self.cached_bytes -= size
+                return stack.pop()
+        buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if size >= HUGE_PAGE_MIN and hasattr(mmap, "MADV_HUGEPAGE"):
+            try:
+                buf.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:
+                pass
+        return buf
+
+    def give(self, buf: mmap.mmap) -> None:
+        size = len(buf)
+        with self._lock:
+            if not self._closed and self.cached_bytes + size <= self.max_bytes:
+                self._by_size.setdefault(size, []).append(buf)
+                self.cached_bytes += size
+                return
+        try:
+            buf.close()
+        except BufferError:  # still exported somewhere: unmapped when that goes
+            pass
+
+    def clear(self) -> None:
+        with self._lock:
+            bufs = [b for stack in self._by_size.values() for b in stack]
+            self._by_size.clear()
+            self.cached_bytes = 0
+        for b in bufs:
+            try:
+                b.close()
+            except BufferError:
+                pass
+
+    def close(self) -> None:
+        self._closed = True
+        self.clear()
 
 
 def _open_arena(directory: str, direct_io: bool | None) -> tuple[int, bool]:
@@ -246,6 +289,7 @@ class FileMemorySystem(MemorySystem):
             full.
         direct_io: None: O_DIRECT where the file system allows it, else buffered I/O with
             a warning; True: O_DIRECT or TierError; False: buffered I/O (tests).
+        fast_cache_bytes: at most this much DRAM is kept in recycled read buffers.
         async_io: how asynchronous moves run: "aio" (Linux native AIO, needs direct I/O),
             "thread" (the I/O worker thread), None: AIO where available, else the thread.
     """
@@ -254,7 +298,8 @@ class FileMemorySystem(MemorySystem):
     access = "staged"
 
     def __init__(self, slow_dir: str | None = None, slow_capacity_bytes: int | None = None,
-                 *, direct_io: bool | None = None, async_io: str | None = None) -> None:
+                 *, direct_io: bool | None = None, fast_cache_bytes: int = 1 << 30,
+                 async_io: str | None = None) -> None:
         if async_io not in (None, "aio", "thread"):
             raise ValueError(f"async_io must be 'aio', 'thread' or None, not {async_io!r}")
         super().__init__()
@@ -270,6 +315,8 @@ class FileMemorySystem(MemorySystem):
         self._alloc = _ArenaAllocator(slow_capacity_bytes)
         self._lock = threading.Lock()
         self._live: dict[int, Extent] = {}  # id(extent) -> extent
+        self._cache = _BufferCache(fast_cache_bytes)
+        self._resources.add(self._cache.close)
         self._can_fallocate = True
         self._aio: linux_aio.AioContext | None = None
         if async_io != "thread" and self._direct:
@@ -297,6 +344,14 @@ class FileMemorySystem(MemorySystem):
     def arena_bytes(self) -> int:
         """Size of the arena file (its high-water mark; freed extents are reused)."""
         return self._alloc.end
+
+    def cached_fast_bytes(self) -> int:
+        """DRAM held in recycled read buffers that no tensor uses now."""
+        return self._cache.cached_bytes
+
+    def release_cached(self) -> None:
+        """Unmap the recycled read buffers."""
+        self._cache.clear()
 
     def slow_bytes_in_use(self) -> int:
         return self._alloc.in_use
@@ -334,12 +389,46 @@ class FileMemorySystem(MemorySystem):
         n = h.storage_nbytes
         if n == 0:
             return tensor_on_bytes(torch.empty(0, dtype=torch.uint8), h.layout)
-        raw, addr = _read_destination(ext.length)
-        self._read(memoryview((ctypes.c_char * ext.length).from_address(addr)).cast("B"),
-                   ext.offset)
-        return tensor_on_bytes(_storage_at(raw, addr + ext.pad, n), h.layout)
+        buf = self._cache.take(round_up(n) + PAGE)  # room for any pad
+        try:
+            self._read(memoryview(buf)[:ext.length], ext.offset)
+        except BaseException:
+            self._cache.give(buf)
+            raise
+        return self._tensor_in(buf, ext, h)
+
+    def _tensor_in(self, buf: mmap.mmap, ext: Extent, h: SlowHandle) -> torch.Tensor:
+        """The tensor of `h` over the read buffer `buf` (copied out of it when small)."""
+        n = h.storage_nbytes
+        try:
+            if n < SMALL_READ_BYTES:
+                u8 = torch.empty(n, dtype=torch.uint8)
+                u8.copy_(torch.frombuffer(buf, dtype=torch.uint8, offset=ext.pad, count=n))
+                self._cache.give(buf)
+            else:
+                view = memoryview(buf)
+                u8 = torch.frombuffer(view, dtype=torch.uint8, offset=ext.pad, count=n)
+                # When the tensor's storage dies it drops `view`: recycle the buffer.
+                weakref.finalize(view, self._cache.give, buf).atexit = False
+                del view
+        except BaseException:
+            self._cache.give(buf)
+            raise
+        return tensor_on_bytes(u8, h.layout)
 
     # ---- asynchronous moves with Linux AIO
+
+    def start_to_slow(self, key: int, t: torch.Tensor) -> Pending:
+        if self._aio is None:
+            return super().start_to_slow(key, t)
+        self._check_open()
+        return _failed_or(self._aio_to_slow, key, t)
+
+    def start_to_fast(self, h: SlowHandle) -> Pending:
+        if self._aio is None:
+            return super().start_to_fast(h)
+        self._check_open()
+        return _failed_or(self._aio_to_fast, h)
 
     def _requests(self, op: int, addr: int, length: int, offset: int) -> list[tuple]:
         return [(op, self._fd, addr + i, min(IO_CHUNK, length - i), offset + i)
@@ -355,18 +444,6 @@ class FileMemorySystem(MemorySystem):
                 base = off - reqs[0][4]
                 rest = span[base + res:base + n]
                 (self._write if op == linux_aio.IOCB_CMD_PWRITE else self._read)(rest, off + res)
-
-    def start_to_slow(self, key: int, t: torch.Tensor) -> Pending:
-        if self._aio is None:
-            return super().start_to_slow(key, t)
-        self._check_open()
-        return _failed_or(self._aio_to_slow, key, t)
-
-    def start_to_fast(self, h: SlowHandle) -> Pending:
-        if self._aio is None:
-            return super().start_to_fast(h)
-        self._check_open()
-        return _failed_or(self._aio_to_fast, h)
 
     def _aio_to_slow(self, key: int, t: torch.Tensor) -> Pending:
         if t.device.type != "cpu":
@@ -414,21 +491,30 @@ class FileMemorySystem(MemorySystem):
                 if left:
                     self._in_flight[loc] = left
 
-        raw, addr = _read_destination(ext.length)
-        reqs = self._requests(linux_aio.IOCB_CMD_PREAD, addr, ext.length, ext.offset)
+        buf = self._cache.take(round_up(n) + PAGE)
+        target = (ctypes.c_char * ext.length).from_buffer(buf)
+        reqs = self._requests(linux_aio.IOCB_CMD_PREAD, ctypes.addressof(target), ext.length,
+                              ext.offset)
         try:
-            tokens = self._aio.submit(reqs, keep=raw)
+            tokens = self._aio.submit(reqs, keep=(buf, target))
         except OSError as e:
+            del target
+            self._cache.give(buf)
             settle()
             raise self._error(e, f"reading {n} bytes") from e
 
         def complete(results) -> torch.Tensor:
+            nonlocal target
             try:
-                window = (ctypes.c_char * ext.length).from_address(addr)
-                self._finish_io(results, reqs, memoryview(window).cast("B"), f"reading {n} bytes")
+                self._finish_io(results, reqs, memoryview(buf)[:ext.length], f"reading {n} bytes")
+            except BaseException:
+                target = None
+                self._cache.give(buf)
+                raise
             finally:
                 settle()
-            return tensor_on_bytes(_storage_at(raw, addr + ext.pad, n), h.layout)
+            target = None  # the buffer's export for the device's transfer ends here
+            return self._tensor_in(buf, ext, h)
 
         return AioPending(self._aio, tokens, complete)
 
