@@ -21,7 +21,7 @@ def _mib(n) -> str:
 
 
 def run_demo(console: Console, *, model: str = "resnet50", budget: str = "4:1", out: str = "results",
-             iterations: int = 3, time_limit: float = 20.0) -> bool:
+             iterations: int = 3, time_limit: float = 8.0) -> bool:
     from .api import run_workload
     from .planner import plan as make_plan
     from .profile import profile_workload
