@@ -5,6 +5,9 @@ import pytest
 from autotm.capture import capture
 from autotm.executor import BudgetExceeded, ExecutorSession
 from autotm.plan import all_fast_plan, evict_all_activations_plan
+from autotm.planner import large_block_alignment
+from autotm.planner.arena import with_arena
+from autotm.tiers import cpu_arena
 from autotm.tiers import make_memory_system
 from autotm.validate import validate
 from autotm.verify import eager_reference, verify_replay
@@ -53,6 +56,40 @@ def test_hand_written_plans_train_bit_identically_on_cpu_file(model, memory):
             assert rep.bytes_to_slow == 0
         else:
             assert rep.bytes_to_slow > 0 and rep.peak_fast_bytes <= all_fast_peak
+    assert memory.slow_bytes_in_use() == 0
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_plan_with_an_arena_trains_bit_identically_inside_it(mode, memory):
+    """The executor follows the static layout (tiers/cpu_arena.py): outputs at their offsets,
+    prefetches read straight into their slots, and nothing changes in the results."""
+    if cpu_arena.load() is None:
+        pytest.skip(f"no C++ toolchain here: {cpu_arena.load.reason}")
+    w = workload("resnet50", "test")
+    ref = eager_reference(w, 3)
+    m = w.build_model()
+    graph = capture(m, w.loss_fn(), w.make_optimizer(m.parameters()), w.make_batch(), name=w.name)
+    del m
+    plan = with_arena(evict_all_activations_plan(graph, mode), graph,
+                      large_alignment=large_block_alignment("cpu+file"))
+    budget = max(validate(plan, graph).peak_fast_bytes, plan.arena_bytes)
+    sessions = []
+
+    def session(g, mdl, opt):
+        s = ExecutorSession(g, plan, memory, mdl, opt, budget_bytes=budget)
+        sessions.append(s)
+        return s
+
+    v = verify_replay(w, 3, session_factory=session, graph=graph, reference=ref)
+    assert v.identical, v.mismatches
+    rep = sessions[0].report()
+    arena = rep.meta["arena"]
+    assert arena is not None and arena["arena_bytes"] == plan.arena_bytes
+    # the large outputs (the bytes that matter) are in their slots, most of them allocated
+    # there, the rest copied in (a kernel whose temporaries took the slot first)
+    assert arena["large_outputs_in_arena_bytes"] >= 0.75 * arena["large_outputs_bytes"] > 0, arena
+    assert arena["outputs_copied_bytes"] <= 0.2 * arena["large_outputs_bytes"], arena
+    assert rep.peak_fast_bytes <= budget
     assert memory.slow_bytes_in_use() == 0
 
 

@@ -119,10 +119,22 @@ def check_offsets(plan: Plan, graph: TrainingGraph, blocks: tuple[FastBlock, ...
         j = bisect.bisect_left(active, (off, off + nb, i))
         for other in active[max(0, j - 1):j + 1]:
             o_off, o_end, o_i = other
-            if o_off < off + nb and off < o_end:
+            if o_off < off + nb and off < o_end and not _written_over(placed[o_i], placed[i], graph):
                 raise PlanError(f"arena collision: tensor {tid} at [{off}, {off + nb}) and tensor {placed[o_i][4]} "
                                 f"at [{o_off}, {o_end}) are both in fast memory at step {max(s, placed[o_i][0])}")
         active.insert(j, (off, off + nb, i))
+
+
+def _written_over(old: tuple, new: tuple, graph: TrainingGraph) -> bool:
+    """Whether `new` (start, end, offset, nbytes, tensor) may share `old`'s bytes: an output of
+    kernel k over an input that dies at k, same offset and size, overlapping only while k
+    runs. The executor writes such outputs into the input's storage (in-place updates);
+    where it cannot, the output's slot is still taken, and it goes elsewhere."""
+    s = new[0]
+    if s % 2 == 0 or old[1] != s or old[2:4] != new[2:4]:
+        return False
+    kern = graph.kernels[s // 2]
+    return old[4] in kern.inputs and new[4] in kern.outputs
 
 
 class PlanReplay:

@@ -104,7 +104,7 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
         if not arena:
             attempts.append(p)
             break
-        p = with_arena(p, graph)
+        p = with_arena(p, graph, large_alignment=large_block_alignment(cost_model.memory_system))
         p.meta["arena_fits"] = limit is None or p.arena_bytes <= limit
         attempts.append(p)
         # plan again for less: by the overshoot (the original's rule), or by the bytes lost
@@ -127,6 +127,12 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
                              + (f"; {p.meta['warning']}" if "warning" in p.meta else ""))
     p.meta["plan_seconds"] = time.perf_counter() - t0
     return p
+
+
+def large_block_alignment(memory_system: str) -> int | None:
+    """Large blocks of the arena start on a page on cpu+file, whose direct-I/O reads land
+    straight in a prefetched tensor's slot (tiers/cpu_arena.py)."""
+    return 4096 if memory_system == "cpu+file" else None
 
 
 def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, window, time_limit, mip_gap,

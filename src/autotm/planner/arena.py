@@ -31,6 +31,7 @@ from ..plan import Plan
 from ..validate import FastBlock, validate
 
 ALIGNMENT = 64
+LARGE_BLOCK_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -40,55 +41,100 @@ class Layout:
     peak_bytes: int  # the most (aligned) bytes resident at one step: a lower bound on the arena
 
 
-def assign_offsets(blocks: list[FastBlock] | tuple[FastBlock, ...], alignment: int = ALIGNMENT) -> Layout:
-    """Offsets for `blocks` (greedy by size; the better of best fit and first fit); deterministic."""
+def assign_offsets(blocks: list[FastBlock] | tuple[FastBlock, ...], alignment: int = ALIGNMENT,
+                   same: list[tuple[int, int]] = (), large_alignment: int | None = None) -> Layout:
+    """Offsets for `blocks` (greedy by size; the better of best fit and first fit); deterministic.
+
+    `same`: pairs of block indices that must share an offset (one storage the runtime
+    reuses: an in-place update's input and output, a carried state's value at the end of an
+    iteration and at the start of the next). Such a group is placed as one block over the
+    union of its members' intervals; members are never tested against each other.
+    `large_alignment`: blocks of LARGE_BLOCK_BYTES or more get this alignment instead (a
+    page, for direct-I/O reads into them).
+    """
     n = len(blocks)
     if n == 0:
         return Layout((), 0, 0)
-    size = np.array([-(-b.nbytes // alignment) * alignment for b in blocks], dtype=np.int64)
+    align = np.array([large_alignment if large_alignment and b.nbytes >= LARGE_BLOCK_BYTES else alignment
+                      for b in blocks], dtype=np.int64)
+    size = np.array([-(-b.nbytes // a) * a for b, a in zip(blocks, align)], dtype=np.int64)
     start = np.array([b.start for b in blocks], dtype=np.int64)
     end = np.array([b.end for b in blocks], dtype=np.int64)
-    idx = np.arange(n)
+    group = _union(n, same)
+    members: dict[int, list[int]] = {}
+    for i in range(n):
+        members.setdefault(int(group[i]), []).append(i)
+    heads = np.array(sorted(members), dtype=np.int64)
+    g_size = np.array([size[members[h]].max() for h in heads], dtype=np.int64)
+    g_align = np.array([align[members[h]].max() for h in heads], dtype=np.int64)
+    g_start = np.array([start[members[h]].min() for h in heads], dtype=np.int64)
+    g_span = np.array([(end[members[h]] - start[members[h]] + 1).sum() for h in heads], dtype=np.int64)
+    idx = np.arange(len(heads))
     best = None
-    for order, best_fit in ((np.lexsort((idx, start, -(end - start), -size)), True),
-                            (np.lexsort((idx, -(end - start), start, -size)), False)):
-        offsets = _place(order, start, end, size, best_fit)
-        arena = int((offsets + size).max())
+    for order, best_fit in ((np.lexsort((idx, g_start, -g_span, -g_size)), True),
+                            (np.lexsort((idx, -g_span, g_start, -g_size)), False)):
+        g_off = _place([members[heads[i]] for i in order], start, end, g_size[order], g_align[order], best_fit)
+        arena = int((g_off + g_size[order]).max())
         if best is None or arena < best[1]:
+            offsets = np.zeros(n, dtype=np.int64)
+            for j, i in enumerate(order):
+                offsets[members[heads[i]]] = g_off[j]
             best = (offsets, arena)
     return Layout(tuple(int(o) for o in best[0]), best[1], _peak(start, end, size))
 
 
-def _place(order: np.ndarray, start: np.ndarray, end: np.ndarray, size: np.ndarray, best_fit: bool) -> np.ndarray:
-    """Offsets of the blocks placed one by one in `order` (module doc)."""
-    n = len(order)
-    # placed blocks, in placement order, as arrays for vectorized overlap tests
-    p_start = np.empty(n, dtype=np.int64)
-    p_end = np.empty(n, dtype=np.int64)
-    p_off = np.empty(n, dtype=np.int64)
-    p_top = np.empty(n, dtype=np.int64)
-    offsets = np.zeros(n, dtype=np.int64)
-    for m, i in enumerate(order):
-        s, e, sz = start[i], end[i], size[i]
-        hit = (p_start[:m] <= e) & (p_end[:m] >= s)
-        best, best_gap = None, None
+def _union(n: int, pairs) -> np.ndarray:
+    """Group of each of n items under the equivalences `pairs` (union-find; the smallest index heads)."""
+    parent = list(range(n))
+
+    def find(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+    for a, b in pairs:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    return np.array([find(i) for i in range(n)], dtype=np.int64)
+
+
+def _place(groups: list[list[int]], start: np.ndarray, end: np.ndarray, size: np.ndarray, align: np.ndarray,
+           best_fit: bool) -> np.ndarray:
+    """Offsets of the groups of blocks placed one by one in the order given (module doc);
+    size[j] and align[j] are group j's."""
+    m_total = len(start)
+    # placed intervals, as arrays for vectorized overlap tests
+    p_start = np.empty(m_total, dtype=np.int64)
+    p_end = np.empty(m_total, dtype=np.int64)
+    p_off = np.empty(m_total, dtype=np.int64)
+    p_top = np.empty(m_total, dtype=np.int64)
+    offsets = np.zeros(len(groups), dtype=np.int64)
+    m = 0
+    for j, blocks in enumerate(groups):
+        sz, al = size[j], align[j]
+        hit = np.zeros(m, dtype=bool)
+        for i in blocks:
+            hit |= (p_start[:m] <= end[i]) & (p_end[:m] >= start[i])
         if hit.any():
             offs, tops = p_off[:m][hit], p_top[:m][hit]
             o = np.argsort(offs, kind="stable")
             offs, tops = offs[o], tops[o]
             reach = np.maximum.accumulate(tops)  # highest address used below each block
-            gap_lo = np.concatenate(([0], reach[:-1]))
+            gap_lo = -(-np.concatenate(([0], reach[:-1])) // al) * al
             gaps = offs - gap_lo
             fit = np.flatnonzero(gaps >= sz)
             if len(fit):
-                j = fit[np.argmin(gaps[fit])] if best_fit else fit[0]  # the smallest gap, or the lowest
-                best = int(gap_lo[j])
+                g = fit[np.argmin(gaps[fit])] if best_fit else fit[0]  # the smallest gap, or the lowest
+                best = int(gap_lo[g])
             else:
-                best = int(reach[-1])
+                best = int(-(-reach[-1] // al) * al)
         else:
             best = 0
-        offsets[i] = best
-        p_start[m], p_end[m], p_off[m], p_top[m] = s, e, best, best + sz
+        offsets[j] = best
+        for i in blocks:
+            p_start[m], p_end[m], p_off[m], p_top[m] = start[i], end[i], best, best + sz
+            m += 1
     return offsets
 
 
@@ -100,7 +146,8 @@ def _peak(start: np.ndarray, end: np.ndarray, size: np.ndarray) -> int:
     return int(np.cumsum(delta).max())
 
 
-def with_arena(plan: Plan, graph: TrainingGraph, alignment: int = ALIGNMENT) -> Plan:
+def with_arena(plan: Plan, graph: TrainingGraph, alignment: int = ALIGNMENT,
+               large_alignment: int | None = None) -> Plan:
     """`plan` with an arena layout: offsets for every fast residency and the arena size.
 
     plan.meta gains arena_bytes, peak_fast_bytes (of the blocks, unaligned) and
@@ -109,7 +156,7 @@ def with_arena(plan: Plan, graph: TrainingGraph, alignment: int = ALIGNMENT) -> 
     bare = dataclasses.replace(plan, arena_bytes=None,
                                tensors=tuple(dataclasses.replace(tp, offsets=()) for tp in plan.tensors))
     blocks = validate(bare, graph).fast_blocks
-    layout = assign_offsets(blocks, alignment)
+    layout = assign_offsets(blocks, alignment, shared_storage(blocks, graph), large_alignment)
     per_tensor: dict[int, list[int]] = {}
     for b, off in zip(blocks, layout.offsets):  # blocks come by tensor, then time
         per_tensor.setdefault(b.tensor, []).append(off)
@@ -119,3 +166,60 @@ def with_arena(plan: Plan, graph: TrainingGraph, alignment: int = ALIGNMENT) -> 
     meta = dict(plan.meta, arena_bytes=layout.arena_bytes,
                 fragmentation=(layout.arena_bytes / peak - 1.0) if peak else 0.0)
     return dataclasses.replace(bare, tensors=tensors, arena_bytes=layout.arena_bytes, meta=meta)
+
+
+def shared_storage(blocks, graph: TrainingGraph) -> list[tuple[int, int]]:
+    """Pairs of blocks the executor keeps in one storage, so one offset (assign_offsets):
+
+    - a pointwise kernel that writes its output into an input dying there (replay.reuse_table:
+      torch.optim's in-place updates): the input's block and the output's;
+    - a carried state (weights, buffers, optimizer state) kept fast from one iteration to the
+      next: its value's last block and its graph input's first block, when they do not
+      overlap in time (else they cannot share bytes, and the executor copies the value).
+    Graphs without a captured program (loaded from JSON) have none.
+    """
+    p = getattr(graph, "program", None)
+    if p is None or not hasattr(p, "kernel_nodes"):
+        return []
+    from ..replay import reuse_table
+
+    by_tensor: dict[int, list[int]] = {}
+    for i, b in enumerate(blocks):
+        by_tensor.setdefault(b.tensor, []).append(i)
+
+    def at(tid, step):
+        for i in by_tensor.get(tid, ()):
+            if blocks[i].start <= step <= blocks[i].end:
+                return i
+        return None
+    pairs = []
+    try:
+        table = reuse_table(graph)
+    except Exception:  # a graph whose nodes lack the metadata: no reuse known
+        table = []
+    for k, entry in enumerate(table):
+        if entry is not None:
+            a, b = at(entry[1], 2 * k + 1), at(p.kernel_outputs[k][0][0], 2 * k + 1)
+            if a is not None and b is not None:
+                pairs.append((a, b))
+    group = _union(len(blocks), pairs)
+    last = max((b.end for b in blocks), default=0)
+    for key, tin in p.input_keys:
+        tout = p.output_keys.get(key)
+        if tout is None or tout == tin:
+            continue
+        a = at(tin, 0)
+        ends = [i for i in by_tensor.get(tout, ()) if blocks[i].end == last]
+        if a is None or not ends:
+            continue
+        b = ends[0]
+        if group[a] == group[b]:
+            continue
+        if blocks[a].nbytes != blocks[b].nbytes:
+            continue
+        ga = [i for i in range(len(blocks)) if group[i] == group[a]]
+        gb = [i for i in range(len(blocks)) if group[i] == group[b]]
+        if all(blocks[x].end < blocks[y].start or blocks[y].end < blocks[x].start for x in ga for y in gb):
+            pairs.append((a, b))
+            group = _union(len(blocks), pairs)
+    return pairs

@@ -371,8 +371,9 @@ class MemorySystem(ABC):
         """Start ``to_slow(key, t)`` on the I/O worker. Do not modify `t` until waited."""
         return self._submit(self.to_slow, key, t)
 
-    def start_to_fast(self, h: SlowHandle) -> Pending:
-        """Start ``to_fast(h)`` on the I/O worker. ``free_slow(h)`` refuses until waited."""
+    def start_to_fast(self, h: SlowHandle, into: torch.Tensor | None = None) -> Pending:
+        """Start ``to_fast(h)`` on the I/O worker. ``free_slow(h)`` refuses until waited.
+        `into`: for tiers whose to_fast takes a destination (cpu+file), passed on."""
         self._check_open()
         loc = id(h.location)
         with self._in_flight_lock:
@@ -380,7 +381,7 @@ class MemorySystem(ABC):
 
         def job() -> torch.Tensor:
             try:
-                return self.to_fast(h)
+                return self.to_fast(h) if into is None else self.to_fast(h, into=into)
             finally:
                 with self._in_flight_lock:
                     left = self._in_flight.pop(loc) - 1

@@ -383,12 +383,31 @@ class FileMemorySystem(MemorySystem):
             raise
         return SlowHandle.for_layout(key, ext.length, layout, ext)
 
-    def to_fast(self, h: SlowHandle) -> torch.Tensor:
+    def read_span(self, h: SlowHandle) -> tuple[int, int]:
+        """(bytes a read of `h` writes, offset of the tensor's bytes in them): a destination
+        given to to_fast(h, into=...) must have that many bytes writable from a page boundary."""
+        ext = self._extent_of(h)
+        return ext.length, ext.pad
+
+    def _into(self, into: torch.Tensor, ext: Extent, h: SlowHandle) -> memoryview:
+        """The read target for a caller's destination (read_span: pad 0, page-aligned)."""
+        ptr = into.data_ptr()
+        if ext.pad or ptr % PAGE or into.untyped_storage().nbytes() != h.storage_nbytes:
+            raise TierError(f"cannot read tensor {h.key} into the given destination: it must start on a "
+                            f"page, hold {h.storage_nbytes} bytes, and the slow copy must have no pad")
+        return memoryview((ctypes.c_char * ext.length).from_address(ptr)).cast("B")
+
+    def to_fast(self, h: SlowHandle, into: torch.Tensor | None = None) -> torch.Tensor:
+        """As MemorySystem.to_fast; `into`: read into that uint8 tensor's storage instead of
+        a buffer of this tier (see read_span)."""
         self._check_open()
         ext = self._extent_of(h)
         n = h.storage_nbytes
         if n == 0:
             return tensor_on_bytes(torch.empty(0, dtype=torch.uint8), h.layout)
+        if into is not None:
+            self._read(self._into(into, ext, h), ext.offset)
+            return tensor_on_bytes(into, h.layout)
         buf = self._cache.take(round_up(n) + PAGE)  # room for any pad
         try:
             self._read(memoryview(buf)[:ext.length], ext.offset)
@@ -424,11 +443,11 @@ class FileMemorySystem(MemorySystem):
         self._check_open()
         return _failed_or(self._aio_to_slow, key, t)
 
-    def start_to_fast(self, h: SlowHandle) -> Pending:
+    def start_to_fast(self, h: SlowHandle, into: torch.Tensor | None = None) -> Pending:
         if self._aio is None:
-            return super().start_to_fast(h)
+            return super().start_to_fast(h, into)
         self._check_open()
-        return _failed_or(self._aio_to_fast, h)
+        return _failed_or(self._aio_to_fast, h, into)
 
     def _requests(self, op: int, addr: int, length: int, offset: int) -> list[tuple]:
         return [(op, self._fd, addr + i, min(IO_CHUNK, length - i), offset + i)
@@ -474,13 +493,15 @@ class FileMemorySystem(MemorySystem):
 
         return AioPending(self._aio, tokens, complete)
 
-    def _aio_to_fast(self, h: SlowHandle) -> Pending:
+    def _aio_to_fast(self, h: SlowHandle, into: torch.Tensor | None = None) -> Pending:
         ext = self._extent_of(h)
         n = h.storage_nbytes
         if n == 0:
             done = Pending()
             done._finish(self.to_fast(h))
             return done
+        if into is not None:
+            return self._aio_into(h, ext, into)
         loc = id(h.location)
         with self._in_flight_lock:  # free_slow(h) refuses until this is waited for
             self._in_flight[loc] = self._in_flight.get(loc, 0) + 1
@@ -515,6 +536,35 @@ class FileMemorySystem(MemorySystem):
                 settle()
             target = None  # the buffer's export for the device's transfer ends here
             return self._tensor_in(buf, ext, h)
+
+        return AioPending(self._aio, tokens, complete)
+
+    def _aio_into(self, h: SlowHandle, ext: Extent, into: torch.Tensor) -> Pending:
+        span = self._into(into, ext, h)
+        n = h.storage_nbytes
+        loc = id(h.location)
+        with self._in_flight_lock:
+            self._in_flight[loc] = self._in_flight.get(loc, 0) + 1
+
+        def settle() -> None:
+            with self._in_flight_lock:
+                left = self._in_flight.pop(loc) - 1
+                if left:
+                    self._in_flight[loc] = left
+
+        reqs = self._requests(linux_aio.IOCB_CMD_PREAD, into.data_ptr(), ext.length, ext.offset)
+        try:
+            tokens = self._aio.submit(reqs, keep=into)  # the destination stays alive until read
+        except OSError as e:
+            settle()
+            raise self._error(e, f"reading {n} bytes") from e
+
+        def complete(results) -> torch.Tensor:
+            try:
+                self._finish_io(results, reqs, span, f"reading {n} bytes")
+            finally:
+                settle()
+            return tensor_on_bytes(into, h.layout)
 
         return AioPending(self._aio, tokens, complete)
 

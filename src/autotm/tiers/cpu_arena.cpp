@@ -1,0 +1,284 @@
+// A CPU allocator that puts the tensors a plan names at their planned offsets in one
+// arena (see cpu_arena.py for why). Everything else passes through to the allocator that
+// was installed before, untouched.
+//
+// PyTorch's CPU allocator is process-wide (c10::SetCPUAllocator), so this is one object
+// for the process; arenas are created and retired by the executors that use them.
+#include <torch/extension.h>
+#include <c10/core/CPUAllocator.h>
+#include <sys/mman.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+struct Arena {
+  char* base = nullptr;
+  size_t size = 0;
+  bool retired = false;
+  std::map<size_t, size_t> live;  // offset -> length of the blocks handed out
+  size_t live_bytes = 0;
+
+  bool holds(const void* p) const {
+    auto c = static_cast<const char*>(p);
+    return c >= base && c < base + size;
+  }
+  // The lowest page-aligned free range of len bytes that avoids `reserved` ([off, end)
+  // ranges: outputs expected from the running kernel), or SIZE_MAX.
+  size_t first_fit(size_t len, const std::vector<std::pair<size_t, size_t>>& reserved) const {
+    const size_t page = 4096;
+    size_t cand = 0;
+    auto it = live.begin();
+    for (;;) {
+      cand = (cand + page - 1) / page * page;
+      if (cand + len > size) return SIZE_MAX;
+      while (it != live.end() && it->first + it->second <= cand) ++it;
+      if (it != live.end() && it->first < cand + len) {
+        cand = it->first + it->second;
+        continue;
+      }
+      bool moved = false;
+      for (auto& r : reserved) {
+        if (r.first < cand + len && cand < r.second) {
+          cand = r.second;
+          moved = true;
+          break;
+        }
+      }
+      if (!moved) return cand;
+    }
+  }
+
+  // [off, off + len) overlaps no live block
+  bool is_free(size_t off, size_t len) const {
+    if (off + len > size) return false;
+    auto it = live.lower_bound(off);
+    if (it != live.end() && it->first < off + len) return false;
+    if (it != live.begin() && std::prev(it)->first + std::prev(it)->second > off) return false;
+    return true;
+  }
+};
+
+std::mutex mu;
+std::map<int64_t, Arena*> arenas;  // live and retired-with-blocks arenas
+int64_t next_id = 1;
+Arena* expecting = nullptr;                    // the arena the expected sizes are for
+struct Expected {
+  size_t nbytes, offset;
+  int64_t skip;  // allocations of this size to let pass first (learned: temporaries of the kernel)
+};
+std::vector<Expected> expected;
+std::vector<std::pair<int64_t, int64_t>> alloc_log;  // (nbytes, address) of each allocation while expecting
+// Allocations of at least this many bytes that no entry wants (a kernel's temporaries) go
+// to a free range of the arena while expecting, if one avoids the expected outputs: the
+// budget's unused bytes at that kernel, instead of new heap pages.
+size_t temporaries_min = 0;  // 0: never
+int64_t temporaries_placed = 0;
+int64_t placed = 0, passed = 0;
+c10::Allocator* previous = nullptr;
+
+void unmap(Arena* a) {
+  munmap(a->base, a->size);
+  delete a;
+}
+
+// Called with mu held: give back the block at p, and the arena once retired and empty.
+bool release_locked(void* p) {
+  for (auto it = arenas.begin(); it != arenas.end(); ++it) {
+    Arena* a = it->second;
+    if (!a->holds(p)) continue;
+    auto b = a->live.find(static_cast<char*>(p) - a->base);
+    if (b != a->live.end()) {
+      a->live_bytes -= b->second;
+      a->live.erase(b);
+    }
+    if (a->retired && a->live.empty()) {
+      arenas.erase(it);
+      unmap(a);
+    }
+    return true;
+  }
+  return false;
+}
+
+void arena_delete(void* p) {
+  std::lock_guard<std::mutex> g(mu);
+  release_locked(p);
+}
+
+// The raw deleter for raw_allocate's pointers: ours or the previous allocator's.
+void any_delete(void* p) {
+  {
+    std::lock_guard<std::mutex> g(mu);
+    if (release_locked(p)) return;
+  }
+  previous->raw_deleter()(p);
+}
+
+struct PlannedAllocator final : public c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    if (n > 0) {
+      std::lock_guard<std::mutex> g(mu);
+      if (expecting != nullptr) {
+        for (auto& e : expected) {
+          // (the entry stays: a kernel may allocate a temporary of its output's size first,
+          // and free it before the output comes; a live one keeps the range busy)
+          if (e.nbytes != n) continue;
+          if (e.skip > 0) {
+            --e.skip;
+            continue;
+          }
+          if (expecting->is_free(e.offset, n)) {
+            expecting->live.emplace(e.offset, n);
+            expecting->live_bytes += n;
+            ++placed;
+            void* p = expecting->base + e.offset;
+            alloc_log.emplace_back(n, reinterpret_cast<int64_t>(p));
+            return {p, p, &arena_delete, c10::Device(c10::DeviceType::CPU)};
+          }
+        }
+        if (temporaries_min > 0 && n >= temporaries_min) {
+          std::vector<std::pair<size_t, size_t>> reserved;
+          for (auto& e : expected) reserved.emplace_back(e.offset, e.offset + e.nbytes);
+          size_t off = expecting->first_fit(n, reserved);
+          if (off != SIZE_MAX) {
+            expecting->live.emplace(off, n);
+            expecting->live_bytes += n;
+            ++temporaries_placed;
+            void* p = expecting->base + off;
+            alloc_log.emplace_back(n, reinterpret_cast<int64_t>(p));
+            return {p, p, &arena_delete, c10::Device(c10::DeviceType::CPU)};
+          }
+        }
+        ++passed;
+        c10::DataPtr d = previous->allocate(n);
+        alloc_log.emplace_back(n, reinterpret_cast<int64_t>(d.get()));
+        return d;
+      }
+    }
+    return previous->allocate(n);
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &any_delete; }
+  // (pure virtual from torch 2.3 on; a plain method before)
+  void copy_data(void* dest, const void* src, std::size_t count) const { std::memcpy(dest, src, count); }
+};
+
+PlannedAllocator* installed = nullptr;
+
+}  // namespace
+
+// Install the allocator (once per process); later calls do nothing.
+void install() {
+  std::lock_guard<std::mutex> g(mu);
+  if (installed != nullptr) return;
+  previous = c10::GetCPUAllocator();
+  installed = new PlannedAllocator();  // never freed: tensors may outlive everything
+  c10::SetCPUAllocator(installed, /*priority=*/100);
+}
+
+bool is_installed() { return installed != nullptr && c10::GetCPUAllocator() == installed; }
+
+// A new arena of `size` bytes (page-aligned; populated now so that no kernel faults it in).
+int64_t create(int64_t size) {
+  TORCH_CHECK(size > 0, "arena size must be positive");
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  TORCH_CHECK(p != MAP_FAILED, "mmap of a ", size, "-byte arena failed: ", std::strerror(errno));
+  std::lock_guard<std::mutex> g(mu);
+  auto a = new Arena();
+  a->base = static_cast<char*>(p);
+  a->size = size;
+  arenas[next_id] = a;
+  return next_id++;
+}
+
+Arena* find_locked(int64_t id) {
+  auto it = arenas.find(id);
+  TORCH_CHECK(it != arenas.end() && !it->second->retired, "no open arena ", id);
+  return it->second;
+}
+
+// CPU allocations of exactly these sizes go to these offsets of arena `id` while their
+// range is free, until the list is replaced; an empty list ends that.
+// Each entry: (nbytes, offset, skip): the first `skip` allocations of that size pass.
+// `log`: record the allocations (allocations()) even when there are no entries.
+// `temporaries`: place other allocations of at least this many bytes in free ranges (0: not).
+void expect(int64_t id, const std::vector<std::tuple<int64_t, int64_t, int64_t>>& entries, bool log,
+            int64_t temporaries) {
+  std::lock_guard<std::mutex> g(mu);
+  expected.clear();
+  temporaries_min = temporaries > 0 ? static_cast<size_t>(temporaries) : 0;
+  if (entries.empty() && !log && temporaries_min == 0) {  // (the log stays, for the caller to read)
+    expecting = nullptr;
+    return;
+  }
+  alloc_log.clear();
+  expecting = find_locked(id);
+  for (auto& e : entries)
+    expected.push_back({static_cast<size_t>(std::get<0>(e)), static_cast<size_t>(std::get<1>(e)), std::get<2>(e)});
+}
+
+// (nbytes, address) of the allocations made while the last non-empty expect() held, in order.
+std::vector<std::pair<int64_t, int64_t>> allocations() {
+  std::lock_guard<std::mutex> g(mu);
+  return alloc_log;
+}
+
+// A uint8 tensor of `nbytes` at `offset` of arena `id`, holding [offset, offset + length)
+// (length >= nbytes: room a page-rounded read may write), if that range is free; else an
+// undefined tensor (None in Python). The range is free again when the tensor's storage dies.
+at::Tensor take(int64_t id, int64_t offset, int64_t length, int64_t nbytes) {
+  void* p;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    Arena* a = find_locked(id);
+    if (offset < 0 || nbytes <= 0 || length < nbytes || !a->is_free(offset, length)) return at::Tensor();
+    a->live.emplace(offset, length);
+    a->live_bytes += length;
+    p = a->base + offset;
+  }
+  return torch::from_blob(p, {nbytes}, [](void* q) { arena_delete(q); },
+                          torch::TensorOptions().dtype(torch::kUInt8));
+}
+
+// Where `ptr` lies in arena `id`: its offset, or -1 outside.
+int64_t offset_of(int64_t id, int64_t ptr) {
+  std::lock_guard<std::mutex> g(mu);
+  Arena* a = find_locked(id);
+  auto p = reinterpret_cast<const void*>(ptr);
+  return a->holds(p) ? static_cast<const char*>(p) - a->base : -1;
+}
+
+// The arena's address.
+int64_t base_address(int64_t id) {
+  std::lock_guard<std::mutex> g(mu);
+  return reinterpret_cast<int64_t>(find_locked(id)->base);
+}
+
+// (bytes handed out and alive, allocations placed, allocations passed on while expecting,
+// temporaries placed); the counts are for the process
+std::tuple<int64_t, int64_t, int64_t, int64_t> stats(int64_t id) {
+  std::lock_guard<std::mutex> g(mu);
+  Arena* a = find_locked(id);
+  return {static_cast<int64_t>(a->live_bytes), placed, passed, temporaries_placed};
+}
+
+// No new blocks from arena `id`; its memory goes back when its last block dies.
+void retire(int64_t id) {
+  std::lock_guard<std::mutex> g(mu);
+  auto it = arenas.find(id);
+  if (it == arenas.end() || it->second->retired) return;
+  Arena* a = it->second;
+  if (expecting == a) {
+    expecting = nullptr;
+    expected.clear();
+  }
+  a->retired = true;
+  if (a->live.empty()) {
+    arenas.erase(it);
+    unmap(a);
+  }
+}

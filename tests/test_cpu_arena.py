@@ -1,0 +1,108 @@
+"""The CPU arena allocator (tiers/cpu_arena.py): tensors at planned offsets, never shared bytes."""
+
+import shutil
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autotm.tiers import cpu_arena
+
+MIB = 1 << 20
+
+
+def test_the_allocator_builds_where_there_is_a_compiler():
+    if shutil.which("c++") or shutil.which("g++"):
+        assert cpu_arena.load() is not None, cpu_arena.load.reason
+
+
+@pytest.fixture
+def arena():
+    if cpu_arena.load() is None:
+        pytest.skip(f"no C++ toolchain here: {cpu_arena.load.reason}")
+    with cpu_arena.CpuArena(16 * MIB) as a:
+        yield a
+
+
+def test_kernel_outputs_land_at_their_expected_offsets(arena):
+    x, w = torch.randn(2, 8, 16, 16), torch.randn(8, 8, 3, 3)
+    want = torch.ops.aten.convolution.default(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    nb = want.untyped_storage().nbytes()
+    arena.expect([(nb, 4096, 0), (x.nbytes, 8 * MIB, 0)])
+    y = torch.ops.aten.convolution.default(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    z = x + 1
+    arena.done()
+    assert arena.offset_of(y) == 4096 and arena.offset_of(z) == 8 * MIB
+    assert torch.equal(y, want) and torch.equal(z, x + 1)
+    after = x * 2  # nothing expected: the heap
+    assert arena.offset_of(after) == -1
+
+
+def test_a_range_in_use_is_never_handed_out_again(arena):
+    a = arena.take(0, 1000, 4096)
+    assert a is not None and a.numel() == 1000
+    assert arena.take(2048, 100) is None  # overlaps a's reserved page
+    arena.expect([(4096, 0, 0)])
+    b = torch.empty(1024, dtype=torch.float32)  # same size, but the range is busy: the heap
+    arena.done()
+    assert arena.offset_of(b) == -1
+    del a
+    assert arena.take(2048, 100) is not None  # free again once a's storage died
+
+
+def test_skip_lets_earlier_allocations_of_the_size_pass(arena):
+    arena.expect([(4096, 0, 1)])
+    first = torch.empty(1024)
+    second = torch.empty(1024)
+    arena.done()
+    assert arena.offset_of(first) == -1 and arena.offset_of(second) == 0
+    sizes = [n for n, _ in arena.allocations()]
+    assert sizes == [4096, 4096]
+
+
+def test_temporaries_take_free_pages_but_never_an_expected_range(arena):
+    arena.expect([(MIB, 0, 0)], temporaries=MIB)
+    tmp = torch.empty(2 * MIB, dtype=torch.uint8)  # not expected: a free page-aligned range past [0, 1 MiB)
+    out = torch.empty(MIB, dtype=torch.uint8)
+    arena.done()
+    off = arena.offset_of(tmp)
+    assert off >= MIB and off % 4096 == 0
+    assert arena.offset_of(out) == 0
+
+
+def test_a_closed_arena_keeps_its_live_tensors():
+    if cpu_arena.load() is None:
+        pytest.skip(f"no C++ toolchain here: {cpu_arena.load.reason}")
+    a = cpu_arena.CpuArena(MIB)
+    a.expect([(4096, 0, 0)])
+    t = torch.arange(1024, dtype=torch.float32)
+    a.done()
+    a.close()
+    assert torch.equal(t, torch.arange(1024, dtype=torch.float32))  # still mapped
+    u = torch.arange(1024, dtype=torch.float32)  # and allocation goes on, from the heap
+    assert torch.equal(t, u)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 63), st.integers(1, 16)), min_size=1, max_size=60))
+def test_take_hands_out_exactly_the_free_ranges(ops):
+    """Random takes and frees against a model of the live ranges (in 4 KiB units)."""
+    if cpu_arena.load() is None:
+        pytest.skip(f"no C++ toolchain here: {cpu_arena.load.reason}")
+    page = 4096
+    with cpu_arena.CpuArena(64 * page) as arena:
+        live: list[tuple[int, int, torch.Tensor]] = []
+        for take, start, length in ops:
+            if take or not live:
+                end = start + length
+                free = end <= 64 and all(e <= start or end <= s for s, e, _ in live)
+                t = arena.take(start * page, length * page)
+                assert (t is not None) == free, (start, end, [(s, e) for s, e, _ in live])
+                if t is not None:
+                    t.fill_(len(live) % 251)
+                    live.append((start, end, t))
+            else:
+                live.pop(start % len(live))
+        for i, (_, _, t) in enumerate(live):  # nothing was written over
+            assert t.min() == t.max()
