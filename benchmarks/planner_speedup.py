@@ -8,7 +8,7 @@ asynchronous / all-fast, and asynchronous versus first-touch and lru at 4:1 and 
 
     python benchmarks/planner_speedup.py [--models resnet50,inception_v4] [--ratios 1:1,4:1,8:1]
                                          [--iterations 3] [--pin-params] [--cache FILE]
-                                         [--untrimmed]
+                                         [--untrimmed] [--heap]
 
 With a budget the executor holds the process's RSS near it by trimming glibc's heap
 (Executor, trim_memory); every trimmed page is touched afresh later, which on this VM
@@ -16,6 +16,9 @@ runs at ~2 GB/s. `--untrimmed` also runs the synchronous and asynchronous plans 
 trim_memory=False (the executor still keeps to the plan's fast-tier bytes; only the
 allocator's fragmentation is no longer paid for in page faults), printed as
 "synchronous*" / "asynchronous*": what the plans cost apart from that price.
+The executor follows the plans' arena layout (tiers/cpu_arena.py), which leaves little
+to trim; `--heap` also runs the synchronous and asynchronous plans without it (glibc's
+heap, trimmed), printed as "synchronous-heap" / "asynchronous-heap", in the same run.
 """
 
 from __future__ import annotations
@@ -43,10 +46,13 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--untrimmed", action="store_true",
                     help="also run synchronous and asynchronous with trim_memory=False")
+    ap.add_argument("--heap", action="store_true",
+                    help="also run synchronous and asynchronous without the arena allocator")
     args = ap.parse_args()
-    planners = PLANNERS + (("synchronous*", "asynchronous*") if args.untrimmed else ())
+    planners = (PLANNERS + (("synchronous*", "asynchronous*") if args.untrimmed else ())
+                + (("synchronous-heap", "asynchronous-heap") if args.heap else ()))
     rows = []
-    print(f"{'model':<34} {'ratio':>5} {'planner':<13} {'measured s':>10} {'/all-fast':>9} {'predicted s':>11} {'moved MiB':>9}",
+    print(f"{'model':<34} {'ratio':>5} {'planner':<17} {'measured s':>10} {'/all-fast':>9} {'predicted s':>11} {'moved MiB':>9}",
           flush=True)
     with make_memory_system("cpu+file") as ms:
         for name in args.models.split(","):
@@ -65,26 +71,32 @@ def main() -> None:
                             if p is None:
                                 continue
                             r = run_workload(w, graph, cm, p, ms, iterations=args.iterations, trim_memory=False)
+                        elif planner.endswith("-heap"):
+                            p = plans.get(planner[:-len("-heap")])
+                            if p is None:
+                                continue
+                            r = run_workload(w, graph, cm, p, ms, iterations=args.iterations, use_arena=False)
                         else:
                             p = plan(graph, cm, ratio, planner, pin_params=args.pin_params, time_limit=args.time_limit)
                             plans[planner] = p
                             r = run_workload(w, graph, cm, p, ms, iterations=args.iterations)
                     except InfeasibleBudget as e:
-                        print(f"{w.name:<34} {ratio:>5} {planner:<13} infeasible: smallest budget {e.minimum / 2**20:.0f} MiB",
+                        print(f"{w.name:<34} {ratio:>5} {planner:<17} infeasible: smallest budget {e.minimum / 2**20:.0f} MiB",
                               flush=True)
                         rows.append((w.name, ratio, planner, math.nan))
                         continue
                     t = r.report.measured_seconds
                     rows.append((w.name, ratio, planner, t / t_fast))
                     moved = (r.report.bytes_to_slow + r.report.bytes_to_fast) / 2**20
-                    print(f"{w.name:<34} {ratio:>5} {planner:<13} {t:>10.3f} {t / t_fast:>9.2f} "
+                    print(f"{w.name:<34} {ratio:>5} {planner:<17} {t:>10.3f} {t / t_fast:>9.2f} "
                           f"{p.meta['predicted_seconds']:>11.3f} {moved:>9.0f}", flush=True)
 
     def cells(planner, ratios=None):
         return {(m, r): v for m, r, p, v in rows if p == planner and (ratios is None or r in ratios) and not math.isnan(v)}
 
     a = cells("asynchronous")
-    for name in ("asynchronous", "asynchronous*", "synchronous", "synchronous*"):
+    for name in ("asynchronous", "asynchronous*", "asynchronous-heap", "synchronous", "synchronous*",
+                 "synchronous-heap"):
         c = cells(name)
         if c:
             gm = math.exp(sum(math.log(v) for v in c.values()) / len(c))

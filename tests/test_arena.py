@@ -160,3 +160,59 @@ def test_plan_re_solves_for_less_when_the_arena_does_not_fit():
     q = plan(g, cm, budget, "synchronous", mip_gap=1e-6, defrag_retries=0)
     assert not q.meta["arena_fits"] and q.arena_bytes > budget and "exceeds the budget" in q.meta["warning"]
     assert plan(g, cm, budget, "synchronous", mip_gap=1e-6, arena=False).arena_bytes is None
+
+
+def _overlap(a, b):
+    return a.start <= b.end and b.start <= a.end
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 10), st.integers(1, 200_000)), min_size=2, max_size=30),
+       st.lists(st.tuples(st.integers(0, 29), st.integers(0, 29)), max_size=10))
+def test_shared_blocks_get_one_offset_and_nothing_else_collides(raw, pairs):
+    blocks = [FastBlock(i, s, s + d, nb) for i, (s, d, nb) in enumerate(raw)]
+    n = len(blocks)
+    # pair only blocks that never meet and have one size (what shared_storage asks for)
+    same = []
+    group = list(range(n))
+    for a, b in pairs:
+        a, b = a % n, b % n
+        ga = [i for i in range(n) if group[i] == group[a]]
+        gb = [i for i in range(n) if group[i] == group[b]]
+        if group[a] != group[b] and blocks[a].nbytes == blocks[b].nbytes and not any(
+                _overlap(blocks[x], blocks[y]) for x in ga for y in gb):
+            same.append((a, b))
+            old = group[b]
+            group = [group[a] if g == old else g for g in group]
+    layout = assign_offsets(blocks, same=same, large_alignment=4096)
+    for a, b in same:
+        assert layout.offsets[a] == layout.offsets[b]
+    for i, b in enumerate(blocks):
+        assert layout.offsets[i] % (4096 if b.nbytes >= 64 << 10 else ALIGNMENT) == 0
+    sizes = [-(-b.nbytes // (4096 if b.nbytes >= 64 << 10 else ALIGNMENT)) * (4096 if b.nbytes >= 64 << 10 else ALIGNMENT)
+             for b in blocks]
+    for i in range(n):
+        for j in range(i):
+            if group[i] != group[j] and _overlap(blocks[i], blocks[j]):
+                assert not (layout.offsets[i] < layout.offsets[j] + sizes[j]
+                            and layout.offsets[j] < layout.offsets[i] + sizes[i]), (i, j)
+    assert max(o + s for o, s in zip(layout.offsets, sizes)) == layout.arena_bytes
+
+
+def test_an_output_may_be_written_over_an_input_that_dies_at_its_kernel():
+    from autotm.plan import all_fast_plan
+
+    # k1 reads t0 for the last time and makes t1 of the same size (an in-place update)
+    g = make_graph([4096, 4096, 64], [([], [0]), ([0], [1]), ([1], [2])], outputs=(2,), roles={2: Role.OUTPUT})
+    p = with_arena(all_fast_plan(g), g)
+    by_hand = {0: (0,), 1: (0,), 2: (4096,)}
+    over = dataclasses.replace(p, arena_bytes=4160, tensors=tuple(
+        dataclasses.replace(tp, offsets=by_hand[tp.id]) for tp in p.tensors))
+    validate(over, g)
+    # t0 read again by k2: it does not die at k1, so t1 may not take its bytes
+    g2 = make_graph([4096, 4096, 64], [([], [0]), ([0], [1]), ([0, 1], [2])], outputs=(2,), roles={2: Role.OUTPUT})
+    p2 = with_arena(all_fast_plan(g2), g2)
+    clash = dataclasses.replace(p2, arena_bytes=4160, tensors=tuple(
+        dataclasses.replace(tp, offsets=by_hand[tp.id]) for tp in p2.tensors))
+    with pytest.raises(PlanError, match="arena collision"):
+        validate(clash, g2)

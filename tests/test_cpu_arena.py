@@ -102,6 +102,7 @@ def test_take_hands_out_exactly_the_free_ranges(ops):
                 if t is not None:
                     t.fill_(len(live) % 251)
                     live.append((start, end, t))
+                del t  # the model's list holds the only reference
             else:
                 live.pop(start % len(live))
         for i, (_, _, t) in enumerate(live):  # nothing was written over

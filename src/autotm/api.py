@@ -89,6 +89,12 @@ class CompiledStep:
         """Bring everything back to the model and release the slow tier."""
         if getattr(self, "session", None) is not None:
             self.sync()
+            ex = self.session.executor
+            named = self._named()
+            for key, v in self.session.carried.items():
+                if isinstance(v, torch.Tensor) and ex.in_arena(v):
+                    # (a copy: the model outlives the executor's arena, which goes with its last tensor)
+                    self._assign(named, key, v.clone())
             self.session.close()
             self.session = None
         if getattr(self, "_hook", None) is not None:
@@ -129,15 +135,17 @@ class WorkloadRun:
 
 
 def run_workload(w, graph, cost_model, plan_obj, memory: MemorySystem, *, iterations: int = 3,
-                 verify: bool = False, reference=None, trim_memory: bool | None = None) -> WorkloadRun:
+                 verify: bool = False, reference=None, trim_memory: bool | None = None,
+                 use_arena: bool = True) -> WorkloadRun:
     """Execute `plan_obj` for `iterations` on `memory`; with verify, compare with eager bit for bit.
-    `trim_memory`: as ExecutorSession (default: hold RSS near the budget when there is one)."""
+    `trim_memory`, `use_arena`: as ExecutorSession (default: hold RSS near the budget when
+    there is one, following the plan's arena layout)."""
     from .verify import verify_replay
 
     sessions: list[ExecutorSession] = []
 
     def factory(g, model, opt):
-        s = ExecutorSession(g, plan_obj, memory, model, opt, trim_memory=trim_memory)
+        s = ExecutorSession(g, plan_obj, memory, model, opt, trim_memory=trim_memory, use_arena=use_arena)
         sessions.append(s)
         return s
 

@@ -367,10 +367,11 @@ class Executor(Replay):
     trimmed page costs a fresh first touch later (about 2 GB/s here), and glibc's heap
     fragments, so at tight budgets (resnet50 cpu at 4:1) the trims cost ~1 s per
     iteration; `trim_memory=False` keeps the fast-tier byte account only.
+    `use_arena=False`: do not follow the plan's layout (module doc), glibc's heap only.
     """
 
     def __init__(self, graph: TrainingGraph, plan: Plan, memory: MemorySystem, *, budget_bytes: int | None = None,
-                 trim_memory: bool | None = None):
+                 trim_memory: bool | None = None, use_arena: bool = True):
         super().__init__(graph, device=getattr(memory, "fast_device", None))
         check_plan_matches(plan, graph)
         if plan.access != memory.access:
@@ -418,7 +419,8 @@ class Executor(Replay):
         self._read_at: dict[tuple[int, int], int] = {}  # (tensor, kernel) -> arena offset of a prefetch
         self._input_at: dict[int, int] = {}  # fast graph input -> arena offset
         self._out_at: dict[tuple[int, int], int] = {}  # (tensor, kernel making it) -> arena offset
-        self._open_arena()
+        if use_arena:
+            self._open_arena()
         self._reset_iteration()
 
     def _open_arena(self) -> None:
@@ -897,7 +899,7 @@ class ExecutorSession:
 
     def __init__(self, graph: TrainingGraph, plan: Plan, memory: MemorySystem, model: torch.nn.Module,
                  optimizer: torch.optim.Optimizer, *, budget_bytes: int | None = None,
-                 trim_memory: bool | None = None, sample_rss: bool = False):
+                 trim_memory: bool | None = None, sample_rss: bool = False, use_arena: bool = True):
         self.graph = graph
         self.memory = memory
         self.carried: dict[str, torch.Tensor | SlowHandle] = {}
@@ -910,7 +912,8 @@ class ExecutorSession:
         self.kernel_seconds: list[np.ndarray] = []
         self.losses: list[float] = []
         self.peak_fast_bytes = 0
-        self.executor = Executor(graph, plan, memory, budget_bytes=budget_bytes, trim_memory=trim_memory)
+        self.executor = Executor(graph, plan, memory, budget_bytes=budget_bytes, trim_memory=trim_memory,
+                                 use_arena=use_arena)
         self.state = TrainingState(graph, model, optimizer)
         p = graph.program
         # values of inputs that start slow live only in slow memory between iterations
