@@ -412,6 +412,7 @@ class Executor(Replay):
                     self.incoming[a.at] += self.nbytes[tp.id]
         self._borrowed: set[int] = set()  # slow inputs the caller owns (never freed here)
         self.arena: cpu_arena.CpuArena | None = None
+        self._arena_bytes = 0  # > 0: the layout is followed (the arena is mapped on first use)
         self._arena_stats: dict | None = None
         self._rss_floor: int | None = None  # with an arena: RSS without the iteration's tensors
 
@@ -468,7 +469,7 @@ class Executor(Replay):
                 o = offset_at(tp.id, 0)
                 if o is not None:
                     self._input_at[tp.id] = o
-        self.arena = cpu_arena.CpuArena(p.arena_bytes)
+        self._arena_bytes = p.arena_bytes  # mapped by the first iteration, after its trim
         if self._cache_ctl is not None:  # the arena holds the budget: read buffers only for misses
             self.cache_headroom = [max(0, int(self.budget - p.arena_bytes))] * n
 
@@ -486,7 +487,13 @@ class Executor(Replay):
         if self.arena is not None:
             self.arena.close()
             self.arena = None
-            self._expect = None
+        self._expect = None
+        self._arena_bytes = 0
+
+    @property
+    def follows_layout(self) -> bool:
+        """Whether iterations follow the plan's arena layout (module doc)."""
+        return self._arena_bytes > 0
 
     def in_arena(self, t: torch.Tensor) -> bool:
         return self.arena is not None and self.arena.offset_of(t) >= 0
@@ -731,7 +738,11 @@ class Executor(Replay):
     # ---- iterations -------------------------------------------------------------------
     def place_inputs(self, inputs: Mapping[int, torch.Tensor | SlowHandle]) -> None:
         """Put graph inputs in their initial tier (fast tensors or slow handles). Slow
-        handles passed in stay the caller's: the executor reads them and never frees them."""
+        handles passed in stay the caller's: the executor reads them and never frees them.
+        With an arena, fast inputs are copied into their slots, and `inputs` then holds the
+        copies: the originals' bytes go back (trimmed every RSS_SLACK_BYTES copied, so that
+        the first iteration never holds the state twice)."""
+        copied = 0
         for tid, v in inputs.items():
             if isinstance(v, SlowHandle):
                 self.slow[tid] = v
@@ -740,7 +751,15 @@ class Executor(Replay):
                 self.slow[tid] = self.memory.to_slow(tid, v)
             else:
                 v = v if self.device is None else v.to(self.device)
-                self._hold_fast(tid, self._to_arena(tid, v) if self.arena is not None else v, 0)
+                if self.arena is not None:
+                    placed = self._to_arena(tid, v)
+                    if placed is not v and isinstance(inputs, dict):
+                        inputs[tid] = v = placed
+                        copied += self.nbytes[tid]
+                        if copied > RSS_SLACK_BYTES and self._rss is not None:
+                            trim_heap()
+                            copied = 0
+                self._hold_fast(tid, v, 0)
         for tid, v in self.program.constants.items():
             if tid not in inputs:
                 if self.initial.get(tid, "fast") == "slow":
@@ -767,11 +786,19 @@ class Executor(Replay):
         cache_ctl = self._cache_ctl
         rss = self._rss
         incoming = self.incoming
-        counts0 = self.arena.stats() if self.arena is not None else None
         floor = self._rss_floor
-        arena_on = self.arena is not None
         if rss is not None and floor is None:
             trim_heap()  # what the caller freed since the last iteration (a model copy, a batch)
+            if self._arena_bytes:
+                # the process without the iteration's tensors, measured once: the arena's
+                # pages (touched as used, kept for later iterations) count in the budget
+                held = sum(self.nbytes[tid] for tid, v in inputs.items()
+                           if isinstance(v, torch.Tensor) and self.initial.get(tid, "fast") == "fast")
+                floor = self._rss_floor = rss() - held
+        if self._arena_bytes and self.arena is None:
+            self.arena = cpu_arena.CpuArena(self._arena_bytes)
+        arena_on = self.arena is not None
+        counts0 = self.arena.stats() if arena_on else None
         try:
             self.place_inputs(inputs)
             if self.arena is not None and isinstance(inputs, dict):
@@ -779,17 +806,8 @@ class Executor(Replay):
                 # (and the next tensor planned there gets them)
                 inputs.clear()
             if rss is not None:
-                # the process's RSS before any tensor of the iteration exists; the arena is
-                # resident from its creation and holds fast bytes of the budget
-                held = self.fast_bytes
-                if self.arena is not None:
-                    held = self.arena.nbytes + max(0, self.fast_bytes - self.arena.stats()[0])
-                if floor is None:
-                    floor = rss() - held
-                    if self.arena is not None:
-                        # the same floor for later iterations: no trim at their start, whose
-                        # pages the kernels would fault in again (the arena holds the rest)
-                        self._rss_floor = floor
+                if floor is None:  # the process's RSS before any tensor of the iteration exists
+                    floor = rss() - self.fast_bytes
                 rss_bound = floor + self.budget + RSS_SLACK_BYTES
             for k in range(n):
                 # (with an arena, kernels' temporaries and misplaced outputs grow the heap:
@@ -940,7 +958,7 @@ class ExecutorSession:
         batch = check_batch(self.graph, batch)
         p = self.graph.program
         inputs = self.state.inputs(batch, values=self.carried)
-        if self.executor.arena is not None:
+        if self.executor.follows_layout:
             # the executor holds the carried tensors now (and may copy them to their planned
             # place, freeing these); a failed iteration ends the session in any case
             self.carried = {k: v for k, v in self.carried.items() if not isinstance(v, torch.Tensor)}

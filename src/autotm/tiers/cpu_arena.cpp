@@ -182,10 +182,11 @@ void install() {
 
 bool is_installed() { return installed != nullptr && c10::GetCPUAllocator() == installed; }
 
-// A new arena of `size` bytes (page-aligned; populated now so that no kernel faults it in).
+// A new arena of `size` bytes (page-aligned; pages are touched as used, once: nothing here
+// gives them back before the arena goes).
 int64_t create(int64_t size) {
   TORCH_CHECK(size > 0, "arena size must be positive");
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   TORCH_CHECK(p != MAP_FAILED, "mmap of a ", size, "-byte arena failed: ", std::strerror(errno));
   std::lock_guard<std::mutex> g(mu);
   auto a = new Arena();

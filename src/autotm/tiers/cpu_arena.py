@@ -6,7 +6,7 @@ Why: with glibc's heap, a budget on the process's RSS can only be kept by trimmi
 ~0.7-1.3 s per iteration of resnet50 at the cpu preset and 4:1 (0.6-1.4 M page faults),
 a third of the iteration. The planner already gives every fast residency a byte offset in
 an arena no larger than the budget; this module makes that layout real. The arena is
-mapped and populated once, so the steady state faults nothing and RSS stays at the arena
+mapped once and its pages stay, so the steady state faults nothing and RSS stays at the arena
 plus what the layout does not cover (kernels' temporaries, tensors that miss their slot).
 
 How: a C++ extension (cpu_arena.cpp, built on first use with torch.utils.cpp_extension)
@@ -93,8 +93,8 @@ load = _Loader()
 
 
 class CpuArena:
-    """One arena of `nbytes` (page-aligned, populated); closed: its memory is unmapped once
-    the last tensor in it dies."""
+    """One arena of `nbytes` (page-aligned, its pages touched as used); closed: its memory is
+    unmapped once the last tensor in it dies."""
 
     def __init__(self, nbytes: int):
         m = load()
