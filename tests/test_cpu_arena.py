@@ -1,6 +1,8 @@
 """The CPU arena allocator (tiers/cpu_arena.py): tensors at planned offsets, never shared bytes."""
 
 import shutil
+import sysconfig
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,8 +14,9 @@ from autotm.tiers import cpu_arena
 MIB = 1 << 20
 
 
-def test_the_allocator_builds_where_there_is_a_compiler():
-    if shutil.which("c++") or shutil.which("g++"):
+def test_the_allocator_builds_where_there_is_a_toolchain():
+    headers = Path(sysconfig.get_paths()["include"], "Python.h").exists()
+    if (shutil.which("c++") or shutil.which("g++")) and headers:
         assert cpu_arena.load() is not None, cpu_arena.load.reason
 
 
