@@ -375,20 +375,29 @@ class MemorySystem(ABC):
         """Start ``to_fast(h)`` on the I/O worker. ``free_slow(h)`` refuses until waited.
         `into`: for tiers whose to_fast takes a destination (cpu+file), passed on."""
         self._check_open()
-        loc = id(h.location)
-        with self._in_flight_lock:
-            self._in_flight[loc] = self._in_flight.get(loc, 0) + 1
+        settle = self._read_started(h)
 
         def job() -> torch.Tensor:
             try:
                 return self.to_fast(h) if into is None else self.to_fast(h, into=into)
             finally:
-                with self._in_flight_lock:
-                    left = self._in_flight.pop(loc) - 1
-                    if left:
-                        self._in_flight[loc] = left
+                settle()
 
         return self._submit(job)
+
+    def _read_started(self, h: SlowHandle) -> Callable[[], None]:
+        """Count an async read of `h` as running (free_slow(h) refuses until then); returns
+        the call that ends it."""
+        loc = id(h.location)
+        with self._in_flight_lock:
+            self._in_flight[loc] = self._in_flight.get(loc, 0) + 1
+
+        def settle() -> None:
+            with self._in_flight_lock:
+                left = self._in_flight.pop(loc) - 1
+                if left:
+                    self._in_flight[loc] = left
+        return settle
 
     def _submit(self, fn: Callable[..., Any], *args: Any) -> Pending:
         self._check_open()

@@ -502,16 +502,7 @@ class FileMemorySystem(MemorySystem):
             return done
         if into is not None:
             return self._aio_into(h, ext, into)
-        loc = id(h.location)
-        with self._in_flight_lock:  # free_slow(h) refuses until this is waited for
-            self._in_flight[loc] = self._in_flight.get(loc, 0) + 1
-
-        def settle() -> None:
-            with self._in_flight_lock:
-                left = self._in_flight.pop(loc) - 1
-                if left:
-                    self._in_flight[loc] = left
-
+        settle = self._read_started(h)  # free_slow(h) refuses until this is waited for
         buf = self._cache.take(round_up(n) + PAGE)
         target = (ctypes.c_char * ext.length).from_buffer(buf)
         reqs = self._requests(linux_aio.IOCB_CMD_PREAD, ctypes.addressof(target), ext.length,
@@ -542,16 +533,7 @@ class FileMemorySystem(MemorySystem):
     def _aio_into(self, h: SlowHandle, ext: Extent, into: torch.Tensor) -> Pending:
         span = self._into(into, ext, h)
         n = h.storage_nbytes
-        loc = id(h.location)
-        with self._in_flight_lock:
-            self._in_flight[loc] = self._in_flight.get(loc, 0) + 1
-
-        def settle() -> None:
-            with self._in_flight_lock:
-                left = self._in_flight.pop(loc) - 1
-                if left:
-                    self._in_flight[loc] = left
-
+        settle = self._read_started(h)
         reqs = self._requests(linux_aio.IOCB_CMD_PREAD, into.data_ptr(), ext.length, ext.offset)
         try:
             tokens = self._aio.submit(reqs, keep=into)  # the destination stays alive until read
