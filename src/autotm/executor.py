@@ -52,7 +52,7 @@ from .plan import Action, Plan, check_plan_matches
 from .replay import Replay, StepResult, TrainingState, check_batch
 from .planner.arena import LARGE_BLOCK_BYTES
 from .tiers import cpu_arena
-from .tiers.base import MemorySystem, SlowHandle
+from .tiers.base import PAGE, MemorySystem, SlowHandle
 from .validate import validate
 
 
@@ -416,7 +416,7 @@ class Executor(Replay):
         self._arena_stats: dict | None = None
         self._rss_floor: int | None = None  # with an arena: RSS without the iteration's tensors
 
-        self._expect: list[list[tuple[int, int]]] | None = None  # per kernel: (bytes, offset) of its outputs
+        self._expect: list[list[tuple[int, int, int]]] | None = None  # per kernel: (bytes, offset, skip) of its outputs
         self._read_at: dict[tuple[int, int], int] = {}  # (tensor, kernel) -> arena offset of a prefetch
         self._input_at: dict[int, int] = {}  # fast graph input -> arena offset
         self._out_at: dict[tuple[int, int], int] = {}  # (tensor, kernel making it) -> arena offset
@@ -503,7 +503,7 @@ class Executor(Replay):
         if self.arena is None:
             return None
         off = self._read_at.get((tid, k))
-        if off is None or off % 4096:  # (small blocks are not page-aligned: read into a tier buffer)
+        if off is None or off % PAGE:  # (small blocks are not page-aligned: read into a tier buffer)
             return None
         h = self.slow[tid]
         length, pad = self.memory.read_span(h)
@@ -519,11 +519,19 @@ class Executor(Replay):
         st = v.untyped_storage()
         if self.arena.offset_of(v) == off or st.nbytes() != self.nbytes[tid] or st.nbytes() == 0:
             return v
+        placed = self._copy_into_slot(v, off)
+        if placed is not None:
+            self.arena_copies += 1
+            return placed
+        return v
+
+    def _copy_into_slot(self, v: torch.Tensor, off: int) -> torch.Tensor | None:
+        """`v` with its storage copied to arena offset `off`, or None if that range is in use."""
+        st = v.untyped_storage()
         dst = self.arena.take(off, st.nbytes())
         if dst is None:
-            return v
+            return None
         dst.copy_(torch.empty(0, dtype=torch.uint8).set_(st))
-        self.arena_copies += 1
         return torch.empty(0, dtype=v.dtype).set_(dst.untyped_storage(), v.storage_offset(), v.shape, v.stride())
 
     def _compile(self) -> list[_CompiledKernel]:
@@ -640,7 +648,7 @@ class Executor(Replay):
         expect = self._expect[k] if self._expect is not None else None
         arena = self.arena
         if arena is not None:  # its outputs' allocations go to their planned offsets
-            arena.expect(expect, False, TEMPORARY_MIN_BYTES)
+            arena.expect(expect, TEMPORARY_MIN_BYTES)
         try:
             out = self._call_kernel(ck, env, k)
         finally:
@@ -684,13 +692,12 @@ class Executor(Replay):
         if off is None or st.nbytes() != self.nbytes[tid]:
             return v
         self._learn_skip(k, st.nbytes(), off, st.data_ptr())
-        dst = arena.take(off, st.nbytes())
-        if dst is None:
+        placed = self._copy_into_slot(v, off)
+        if placed is None:
             return v
-        dst.copy_(torch.empty(0, dtype=torch.uint8).set_(st))
         self.arena_settled_bytes += st.nbytes()
         self.arena_large_bytes[1] += nb
-        return torch.empty(0, dtype=v.dtype).set_(dst.untyped_storage(), v.storage_offset(), v.shape, v.stride())
+        return placed
 
     def _call_kernel(self, ck: _CompiledKernel, env: dict, k: int):
         t0 = time.perf_counter()
@@ -801,7 +808,7 @@ class Executor(Replay):
         counts0 = self.arena.stats() if arena_on else None
         try:
             self.place_inputs(inputs)
-            if self.arena is not None and isinstance(inputs, dict):
+            if arena_on and isinstance(inputs, dict):
                 # the executor owns the inputs now: each one's bytes free up when it dies here
                 # (and the next tensor planned there gets them)
                 inputs.clear()
@@ -849,7 +856,7 @@ class Executor(Replay):
                 elif tid in self.slow:  # kept for inspection, last seen in slow memory
                     out[tid] = self.memory.to_fast(self.slow[tid])
             self.slow = {t: h for t, h in self.slow.items() if t not in self._borrowed}
-            if counts0 is not None:
+            if arena_on:
                 _live, placed, passed, temps = self.arena.stats()
                 self._arena_stats = dict(arena_bytes=self.arena.nbytes,
                                          outputs_placed=placed - counts0[1], passed=passed - counts0[2],

@@ -17,6 +17,7 @@ from ..graph import Role, TrainingGraph
 from ..plan import Plan
 from ..simulate import simulate
 from ..validate import validate
+from ..tiers.base import PAGE
 from .arena import with_arena
 from .baselines import all_fast, first_touch_plan, lru_plan
 from .direct import solve_direct
@@ -132,7 +133,7 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
 def large_block_alignment(memory_system: str) -> int | None:
     """Large blocks of the arena start on a page on cpu+file, whose direct-I/O reads land
     straight in a prefetched tensor's slot (tiers/cpu_arena.py)."""
-    return 4096 if memory_system == "cpu+file" else None
+    return PAGE if memory_system == "cpu+file" else None
 
 
 def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, window, time_limit, mip_gap,

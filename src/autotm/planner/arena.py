@@ -203,6 +203,9 @@ def shared_storage(blocks, graph: TrainingGraph) -> list[tuple[int, int]]:
             if a is not None and b is not None:
                 pairs.append((a, b))
     group = _union(len(blocks), pairs)
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(group):
+        members.setdefault(int(g), []).append(i)
     last = max((b.end for b in blocks), default=0)
     for key, tin in p.input_keys:
         tout = p.output_keys.get(key)
@@ -217,9 +220,13 @@ def shared_storage(blocks, graph: TrainingGraph) -> list[tuple[int, int]]:
             continue
         if blocks[a].nbytes != blocks[b].nbytes:
             continue
-        ga = [i for i in range(len(blocks)) if group[i] == group[a]]
-        gb = [i for i in range(len(blocks)) if group[i] == group[b]]
-        if all(blocks[x].end < blocks[y].start or blocks[y].end < blocks[x].start for x in ga for y in gb):
+        ha, hb = int(group[a]), int(group[b])
+        if all(blocks[x].end < blocks[y].start or blocks[y].end < blocks[x].start
+               for x in members[ha] for y in members[hb]):
             pairs.append((a, b))
-            group = _union(len(blocks), pairs)
+            # merge the groups (the smaller head stays, as _union would give)
+            keep, gone = min(ha, hb), max(ha, hb)
+            for i in members[gone]:
+                group[i] = keep
+            members[keep] += members.pop(gone)
     return pairs

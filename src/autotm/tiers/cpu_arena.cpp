@@ -205,14 +205,12 @@ Arena* find_locked(int64_t id) {
 // CPU allocations of exactly these sizes go to these offsets of arena `id` while their
 // range is free, until the list is replaced; an empty list ends that.
 // Each entry: (nbytes, offset, skip): the first `skip` allocations of that size pass.
-// `log`: record the allocations (allocations()) even when there are no entries.
 // `temporaries`: place other allocations of at least this many bytes in free ranges (0: not).
-void expect(int64_t id, const std::vector<std::tuple<int64_t, int64_t, int64_t>>& entries, bool log,
-            int64_t temporaries) {
+void expect(int64_t id, const std::vector<std::tuple<int64_t, int64_t, int64_t>>& entries, int64_t temporaries) {
   std::lock_guard<std::mutex> g(mu);
   expected.clear();
   temporaries_min = temporaries > 0 ? static_cast<size_t>(temporaries) : 0;
-  if (entries.empty() && !log && temporaries_min == 0) {  // (the log stays, for the caller to read)
+  if (entries.empty() && temporaries_min == 0) {  // (the log stays, for the caller to read)
     expecting = nullptr;
     return;
   }
@@ -251,12 +249,6 @@ int64_t offset_of(int64_t id, int64_t ptr) {
   Arena* a = find_locked(id);
   auto p = reinterpret_cast<const void*>(ptr);
   return a->holds(p) ? static_cast<const char*>(p) - a->base : -1;
-}
-
-// The arena's address.
-int64_t base_address(int64_t id) {
-  std::lock_guard<std::mutex> g(mu);
-  return reinterpret_cast<int64_t>(find_locked(id)->base);
 }
 
 // (bytes handed out and alive, allocations placed, allocations passed on while expecting,

@@ -63,7 +63,7 @@ class _Loader:
 
             m = load_inline("autotm_cpu_arena", cpp_sources=_SOURCE.read_text(),
                             functions=["install", "is_installed", "create", "expect", "allocations", "take",
-                                       "offset_of", "base_address", "stats", "retire"],
+                                       "offset_of", "stats", "retire"],
                             extra_cflags=["-O2"], verbose=False)
             m.install()
             if not m.is_installed():
@@ -103,15 +103,14 @@ class CpuArena:
         self._m = m
         self.nbytes = int(nbytes)
         self.id = m.create(max(self.nbytes, 1))
-        self.address = m.base_address(self.id)
 
-    def expect(self, entries: list[tuple[int, int, int]], log: bool = False, temporaries: int = 0) -> None:
+    def expect(self, entries: list[tuple[int, int, int]], temporaries: int = 0) -> None:
         """Allocations of these exact sizes go to these offsets while free: entries
         (nbytes, offset, skip), the first `skip` allocations of that size passing by.
         Other allocations of `temporaries` bytes or more (if > 0) go to the lowest free
         page-aligned range that avoids the entries' ranges, if any. Until done(),
-        allocations are logged (allocations()) if there are entries, `log` or `temporaries`."""
-        self._m.expect(self.id, entries, log, temporaries)
+        allocations are logged (allocations()) if there are entries or `temporaries`."""
+        self._m.expect(self.id, entries, temporaries)
 
     def allocations(self) -> list[tuple[int, int]]:
         """(nbytes, address) of every CPU allocation since the last expect(), in order."""
@@ -119,7 +118,7 @@ class CpuArena:
 
     def done(self) -> None:
         """No more expected allocations."""
-        self._m.expect(self.id, [], False, 0)
+        self._m.expect(self.id, [], 0)
 
     def take(self, offset: int, nbytes: int, length: int | None = None) -> torch.Tensor | None:
         """A uint8 tensor of `nbytes` at `offset`, holding [offset, offset + length) (default
