@@ -16,6 +16,11 @@ Produced by `autotm.profile.profile` (measured on a real memory system) or by
   profiled tier, the measured (bytes, seconds) points joined by straight lines (a move's
   fixed cost is not one constant across sizes: small moves were mispredicted by up to 2x
   with a single line) and the fitted bandwidth beyond the largest point.
+  An async move's seconds run from when it was issued to when its completion was seen.
+- ``moves[(direction, "host")]`` (profiled tiers, optional): the seconds an async move
+  takes on the calling thread itself, serial with the kernels: issuing it (on cpu+file
+  the io_submit call, which pins the pages and builds the requests) and collecting its
+  completion. Missing (tier specs, GPU copy streams): 0.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import Any, Iterable
 COSTMODEL_VERSION = 1
 DIRECTIONS = ("to_slow", "to_fast")
 MOVE_MODES = ("sync", "async")
+HOST = "host"  # the moves key of an async move's own time on the calling thread
 
 
 def operand_tensors(inputs: Iterable[int], outputs: Iterable[int]) -> tuple[int, ...]:
@@ -67,7 +73,7 @@ class CostModel:
     # direct access only: kernel -> {placement: seconds}; a placement is a tuple of
     # "fast"/"slow", one per unique tensor in kernel.inputs + kernel.outputs order; empty for staged
     placement_seconds: dict[int, dict[tuple[str, ...], float]]
-    moves: dict[tuple[str, str], MoveCost]  # ("to_slow"|"to_fast", "sync"|"async") -> cost
+    moves: dict[tuple[str, str], MoveCost]  # ("to_slow"|"to_fast", "sync"|"async"|"host") -> cost
     simulated: bool
     environment: dict = field(default_factory=dict)
     # The async copies at one kernel are in flight together and overlap each other's fixed
@@ -110,6 +116,12 @@ class CostModel:
             return self.moves[(direction, mode)].seconds(nbytes)
         except KeyError:
             raise KeyError(f"no move cost for {direction!r} {mode!r}; have {sorted(self.moves)}") from None
+
+    def async_host_seconds(self, nbytes: int, direction: str) -> float:
+        """Seconds an async move of `nbytes` takes on the thread that issues it (issue and
+        completion), which no kernel overlaps; 0 where not profiled."""
+        c = self.moves.get((direction, HOST))
+        return 0.0 if c is None or nbytes <= 0 else c.seconds(nbytes)
 
     def async_marginal_seconds(self, nbytes: int, direction: str) -> float:
         """What an async copy adds to the others at its kernel: its bytes at the fitted

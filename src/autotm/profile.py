@@ -70,7 +70,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from .costmodel import DIRECTIONS, MOVE_MODES, CostModel, MoveCost, operand_tensors
+from .costmodel import DIRECTIONS, HOST, MOVE_MODES, CostModel, MoveCost, operand_tensors
 from .graph import TrainingGraph
 from .profile_cache import ProfileCache
 from .replay import Replay, on_device
@@ -152,7 +152,7 @@ def environment(memory_system: str, device: torch.device | None = None,
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "memory_system": memory_system,
-        "method": 4,  # how moves are timed (4: sizes interleaved; async ends when it completed)
+        "method": 5,  # how moves are timed (5: sizes interleaved; async from its issue to its completion, host time apart)
     }
     if async_engine is not None:  # cpu+file: Linux AIO or the I/O thread
         env["async_io"] = async_engine
@@ -483,19 +483,31 @@ def _fit_move(points: list[tuple[int, float]]) -> MoveCost:
     return MoveCost(latency_s=float(a), bandwidth_bytes_per_s=float(1.0 / b))
 
 
-def _while_computing(pending, a: torch.Tensor, t0: float):
-    """Run small matmuls (a @ a) on this thread until the async move `pending` is done;
-    its result and seconds since t0. The worker stamps its completion time (finished_at),
-    so the seconds are the copy's own, not rounded up to the next matmul's end."""
-    while not pending.done():
+def _while_computing(start, a: torch.Tensor):
+    """Issue an async move (`start()` returns its Pending) and run small matmuls (a @ a)
+    on this thread until it is done, as the executor runs a kernel over it. Returns its
+    result, its seconds in flight (from the end of the issue to its completion: the worker
+    stamps finished_at, AIO the moment the completion was collected, so not rounded up to
+    the next matmul's end), and its seconds on this thread (the issue call, plus the call
+    that saw it done and the wait that built its result)."""
+    t0 = time.perf_counter()
+    pending = start()
+    issued = time.perf_counter()
+    while True:
+        t_poll = time.perf_counter()
+        if pending.done():
+            break
         torch.mm(a, a)
     result = pending.wait()
+    t_end = time.perf_counter()
     end = getattr(pending, "finished_at", None)
-    return result, (end if end is not None else time.perf_counter()) - t0
+    flight = (end if end is not None else t_end) - issued
+    return result, max(flight, 0.0), (issued - t0) + (t_end - t_poll)
 
 
 def _host_move_seconds(memory, t: torch.Tensor, load: torch.Tensor) -> dict[tuple[str, str], float]:
-    """Seconds of the four moves of `t` by the host's clock."""
+    """Seconds of the four moves of `t` by the host's clock, and the async moves' own
+    seconds on this thread (mode "host"; the issue is not part of the "async" seconds)."""
     got = {}
     # No untimed warm-up round trip: writing the same bytes just before made the timed
     # moves faster than the executor's (the host still held them), and predictions of
@@ -510,10 +522,10 @@ def _host_move_seconds(memory, t: torch.Tensor, load: torch.Tensor) -> dict[tupl
     memory.free_slow(h)
     # async: while this thread computes, as in the executor (the copy competes with
     # the kernel it overlaps for cores and memory bandwidth)
-    t0 = time.perf_counter()
-    h, got[("to_slow", "async")] = _while_computing(memory.start_to_slow(-1, t), load, t0)
-    t0 = time.perf_counter()
-    back, got[("to_fast", "async")] = _while_computing(memory.start_to_fast(h), load, t0)
+    h, got[("to_slow", "async")], got[("to_slow", HOST)] = _while_computing(
+        lambda: memory.start_to_slow(-1, t), load)
+    back, got[("to_fast", "async")], got[("to_fast", HOST)] = _while_computing(
+        lambda: memory.start_to_fast(h), load)
     del back
     memory.free_slow(h)
     return got
@@ -522,16 +534,21 @@ def _host_move_seconds(memory, t: torch.Tensor, load: torch.Tensor) -> dict[tupl
 def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, repeats=MOVE_REPEATS,
                   recache: bool = False, progress: Callable[[str], None] | None = None,
                   stats: ProfileStats | None = None) -> dict[tuple[str, str], MoveCost]:
-    """Sync and async seconds of both directions over `sizes`, fitted per direction and mode."""
+    """Sync and async seconds of both directions over `sizes`, fitted per direction and
+    mode; for host-timed systems also the async moves' seconds on the calling thread
+    (mode "host")."""
     have = {} if recache else cache.move_samples(env)
+    # a GPU system times its own moves with CUDA events (the host clock sees launches only)
+    device_timed = getattr(memory, "move_seconds", None)
+    modes = MOVE_MODES if device_timed is not None else MOVE_MODES + (HOST,)
+    keys = [(d, m) for d in DIRECTIONS for m in modes]
     # repeat-major: each size is sampled across the whole measurement, so a slow spell of
     # the device (its small-request latency here drifted between ~70 and ~300 us over
     # minutes) weighs on every size alike instead of biasing some
     want = [(n, r) for r in range(repeats) for n in sizes]
-    missing = [(n, r) for n, r in want
-               if any((d, m, n, r) not in have for d in DIRECTIONS for m in MOVE_MODES)]
+    missing = [(n, r) for n, r in want if any((d, m, n, r) not in have for d, m in keys)]
     if stats is not None:
-        stats.move_samples_cached += 4 * (len(want) - len(missing))
+        stats.move_samples_cached += len(keys) * (len(want) - len(missing))
     if missing:
         warm = torch.zeros(sizes[0], dtype=torch.uint8)
         h = memory.to_slow(-1, warm)  # warm-up: files, buffers and the I/O worker exist
@@ -541,8 +558,6 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
         memory.start_to_fast(h).wait()
         memory.free_slow(h)
     load = torch.randn(192, 192)
-    # a GPU system times its own moves with CUDA events (the host clock sees launches only)
-    device_timed = getattr(memory, "move_seconds", None)
     for n, r in missing:
         t = torch.randint(0, 255, (n,), dtype=torch.uint8)
         got = device_timed(t) if device_timed is not None else _host_move_seconds(memory, t, load)
@@ -550,15 +565,10 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
             cache.put_move(env, d, m, n, r, s)
             have[(d, m, n, r)] = s
         if stats is not None:
-            stats.move_samples_measured += 4
+            stats.move_samples_measured += len(got)
         if progress is not None:
             progress(f"move {n >> 10} KiB")
-    out = {}
-    for d in DIRECTIONS:
-        for m in MOVE_MODES:
-            pts = [(n, have[(d, m, n, r)]) for n, r in want]
-            out[(d, m)] = _move_cost(pts)
-    return out
+    return {(d, m): _move_cost([(n, have[(d, m, n, r)]) for n, r in want]) for d, m in keys}
 
 
 def _move_cost(points: list[tuple[int, float]]) -> MoveCost:

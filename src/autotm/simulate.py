@@ -4,10 +4,13 @@ This module is THE definition of a plan's predicted iteration time. It walks the
 timeline of `autotm.plan` with `autotm.validate.PlanReplay` (so a plan the validator
 rejects is rejected here too) and charges, with c = cost_model:
 
-    T = T_in + sum_k [ S_k + max(K_k, A_k) ] + T_out
+    T = T_in + sum_k [ S_k + H_k + max(K_k, A_k) ] + T_out
 
     S_k  = sum over sync moves m at k of c.move_seconds(m.nbytes, dir(m), "sync")
            dir(evict) = "to_slow", dir(prefetch) = "to_fast", drop costs 0
+    H_k  = sum over async moves m at k of c.async_host_seconds(m.nbytes, dir(m))
+           (the issuing thread's own part of each async copy: the issue, and collecting
+           its completion after the kernel; serial, so no kernel overlaps it)
     K_k  = c.kernel_time(k, placement_k)
            placement_k: per unique operand of k (kernel.inputs + kernel.outputs order)
            "slow" if the timeline has it in slow memory while k runs (direct access),
@@ -28,7 +31,8 @@ rejects is rejected here too) and charges, with c = cost_model:
            c.move_seconds(nbytes, "to_fast", "sync")
 
 `Simulation.kernel_seconds[k]` is max(K_k, A_k), the effective time of kernel k with its
-overlapping copies; `sync_move_seconds` is sum_k S_k + T_in + T_out. `fast_bytes[k]` is
+overlapping copies; `sync_move_seconds` is sum_k S_k + T_in + T_out; `async_host_seconds`
+is sum_k H_k. `fast_bytes[k]` is
 the fast-tier bytes while kernel k runs (the validator's step-3 value).
 """
 
@@ -55,6 +59,7 @@ class Simulation:
     peak_fast_bytes: int
     simulated: bool  # the cost model came from a hypothetical tier spec
     async_move_seconds: float = 0.0  # every async copy (hidden behind kernels where they are longer)
+    async_host_seconds: float = 0.0  # the issuing thread's own time for the async copies (H_k)
 
 
 def _move_seconds(cm: CostModel, m: Move, mode: str) -> float:
@@ -102,6 +107,7 @@ def simulate(plan: Plan, graph: TrainingGraph, cost_model: CostModel) -> Simulat
     fast = np.zeros(n, dtype=np.int64)
     sync_total = 0.0
     async_total = 0.0
+    host_total = 0.0
     initial = {tp.id: tp.initial for tp in plan.tensors}
     p = graph.program
 
@@ -115,8 +121,9 @@ def simulate(plan: Plan, graph: TrainingGraph, cost_model: CostModel) -> Simulat
     for step in replay:
         k = step.kernel
         s = sum(_move_seconds(cm, m, "sync") for m in step.sync_moves)
-        a = cm.async_seconds((m.nbytes, _DIRECTION[m.action.kind]) for m in step.async_moves
-                             if m.action.kind in _DIRECTION)
+        copies = [(m.nbytes, _DIRECTION[m.action.kind]) for m in step.async_moves if m.action.kind in _DIRECTION]
+        a = cm.async_seconds(copies)
+        host_total += sum(cm.async_host_seconds(nb, d) for nb, d in copies)
         placement = None
         if direct and step.slow_operands:
             kern = graph.kernels[k]
@@ -140,8 +147,8 @@ def simulate(plan: Plan, graph: TrainingGraph, cost_model: CostModel) -> Simulat
             elif not end_fast[tid]:
                 sync_total += cm.move_seconds(nb, "to_fast", "sync")
 
-    sim = Simulation(predicted_seconds=float(eff.sum() + sync_total), kernel_seconds=eff,
+    sim = Simulation(predicted_seconds=float(eff.sum() + sync_total + host_total), kernel_seconds=eff,
                      sync_move_seconds=float(sync_total), fast_bytes=fast,
                      peak_fast_bytes=int(fast.max()) if n else 0, simulated=cm.simulated,
-                     async_move_seconds=float(async_total))
+                     async_move_seconds=float(async_total), async_host_seconds=float(host_total))
     return sim

@@ -36,6 +36,7 @@ first), a state at each use and the moves between consecutive uses.
 
   Objective (what autotm.simulate computes for the decoded plan)
     min  sum_{k without async} K_k + sum_{k with async} y[k] + sync copies (+ T_in)
+         + sum over async copies of CostModel.async_host_seconds (the issuing thread's part)
 
 Tensors smaller than `min_tensor_bytes`, and those no kernel uses, get one tier for their
 whole life (one binary, as in the static formulation), so every static plan is a plan of
@@ -141,6 +142,7 @@ def solve_direct(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
         w_sync, r_sync = mv(s, "to_slow", "sync"), mv(s, "to_fast", "sync")
         w_async, r_async = mv(s, "to_slow", "async"), mv(s, "to_fast", "async")
         w_async_m, r_async_m = cost.async_marginal_seconds(s, "to_slow"), cost.async_marginal_seconds(s, "to_fast")
+        w_host, r_host = cost.async_host_seconds(s, "to_slow"), cost.async_host_seconds(s, "to_fast")
         slow = [new() for _ in uses]
         x = tv[t.id] = _Tensor(t.id, uses, slow)
         for u, col in zip(uses, slow):
@@ -165,7 +167,7 @@ def solve_direct(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                 evict = [g.wS]
                 if async_ and not empty:
                     for c in _candidates(range(lo, min(lo + window - 1, hi) + 1), T, w_async, candidates):
-                        g.wX[c] = new()
+                        g.wX[c] = new(w_host)
                         async_terms.setdefault(c, []).append((g.wX[c], w_async, w_async_m))
                         cap_add(lo, c, g.wX[c], s)
                         evict.append(g.wX[c])
@@ -184,7 +186,7 @@ def solve_direct(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
             pre = [g.pS]
             if async_ and not empty:
                 for c in _candidates(range(max(lo, hi + 1 - window), hi + 1), T, r_async, candidates):
-                    g.pX[c] = new()
+                    g.pX[c] = new(r_host)
                     async_terms.setdefault(c, []).append((g.pX[c], r_async, r_async_m))
                     cap_add(c, hi, g.pX[c], s)
                     pre.append(g.pX[c])

@@ -34,8 +34,10 @@ Notation (one tensor t of size s_t, one movable segment g of it; see segments.py
   Objective (predicted iteration seconds, exactly what autotm.simulate computes):
     min  sum_{c without async} T_c + sum_{c with async} y[c]
          + sum_g wS[g] m(s, to_slow, sync) + sum_g pS[g] m(s, to_fast, sync)
+         + sum_{g,c} wX[g,c] h(s, to_slow) + sum_{g,c} pX[g,c] h(s, to_fast)
 
-  where m(s, direction, mode) = latency + s / bandwidth from the cost model. The
+  where m(s, direction, mode) = latency + s / bandwidth from the cost model and h(s, dir)
+  = CostModel.async_host_seconds, the issuing thread's own part of an async copy. The
   synchronous formulation has no wX, pX, y. Bytes are scaled to KiB inside the model only.
 """
 
@@ -266,6 +268,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
         w_sync, r_sync = mv(s, "to_slow", "sync"), mv(s, "to_fast", "sync")
         w_async, r_async = mv(s, "to_slow", "async"), mv(s, "to_fast", "async")
         w_async_m, r_async_m = cost.async_marginal_seconds(s, "to_slow"), cost.async_marginal_seconds(s, "to_fast")
+        w_host, r_host = cost.async_host_seconds(s, "to_slow"), cost.async_host_seconds(s, "to_fast")
         writes: list[int] = []
         st = -1
         if ts.carried_input:
@@ -282,7 +285,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                 choice = [sv.pS]
                 if async_:
                     for c in _candidates(range(max(0, hi + 1 - window), hi + 1), T, r_async, candidates):
-                        col = int(V.add(1)[0])
+                        col = int(V.add(1, cost=r_host)[0])
                         sv.pX[c] = col
                         async_terms.setdefault(c, []).append((col, r_async, r_async_m))
                         cap_add(c, hi, col, s)
@@ -301,7 +304,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
             if async_ and not empty:
                 last = hi if seg.kind == "final" else hi - 1  # leave room for the prefetch
                 for c in _candidates(range(lo, min(lo + window - 1, last) + 1), T, w_async, candidates):
-                    col = int(V.add(1)[0])
+                    col = int(V.add(1, cost=w_host)[0])
                     sv.wX[c] = col
                     async_terms.setdefault(c, []).append((col, w_async, w_async_m))
                     cap_add(lo, c, col, s)
@@ -316,7 +319,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                 if async_:
                     # not at lo: a sync evict or drop happens there
                     for c in _candidates(range(max(lo + 1, hi + 1 - window), hi + 1), T, r_async, candidates):
-                        col = int(V.add(1)[0])
+                        col = int(V.add(1, cost=r_host)[0])
                         sv.pX[c] = col
                         async_terms.setdefault(c, []).append((col, r_async, r_async_m))
                         cap_add(c, hi, col, s)
