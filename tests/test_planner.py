@@ -20,12 +20,15 @@ from autotm.validate import validate
 from graphs import make_graph
 
 
-def cost_model(g, kernel_seconds, *, bw=1000.0, latency=0.0, async_bw=None, overlap=False):
+def cost_model(g, kernel_seconds, *, bw=1000.0, latency=0.0, async_bw=None, overlap=False, host=0.0):
     """Moves cost latency + bytes / bw (async: async_bw); with `overlap` the async copies at
-    one kernel overlap their latencies (as Linux AIO's do)."""
+    one kernel overlap their latencies (as Linux AIO's do); `host`: an async copy's own
+    seconds on the issuing thread."""
     a = async_bw or bw
     moves = {("to_slow", "sync"): MoveCost(latency, bw), ("to_fast", "sync"): MoveCost(latency, bw),
              ("to_slow", "async"): MoveCost(latency, a), ("to_fast", "async"): MoveCost(latency, a)}
+    if host:
+        moves.update({("to_slow", "host"): MoveCost(host, 1e18), ("to_fast", "host"): MoveCost(host, 1e18)})
     return CostModel(g.fingerprint, "cpu+file", "staged", tuple(kernel_seconds), {}, moves, True,
                      async_overlap=overlap)
 
@@ -68,6 +71,18 @@ def test_asynchronous_hides_the_copies_under_kernels():
     slow = cost_model(g, [1.0] * 6, bw=1000.0, async_bw=10.0)
     q = plan(g, slow, 102, "asynchronous", arena=False)
     assert q.meta["predicted_seconds"] == pytest.approx(6.2)
+
+
+def test_async_copies_pay_their_host_time():
+    # each async copy costs its issuing thread h seconds no kernel hides: worth it while
+    # 2 h < the two sync copies' 0.2 s
+    g = chain_with_one_big_activation()
+    cheap = plan(g, cost_model(g, [1.0] * 6, host=0.05), 102, "asynchronous", arena=False)
+    assert cheap.meta["predicted_seconds"] == pytest.approx(6.1)
+    assert {a.mode for tp in cheap.tensors for a in tp.actions} == {"async"}
+    dear = plan(g, cost_model(g, [1.0] * 6, host=0.15), 102, "asynchronous", arena=False)
+    assert dear.meta["predicted_seconds"] == pytest.approx(6.2)
+    assert {a.mode for tp in dear.tensors for a in tp.actions} == {"sync"}
 
 
 def test_objective_equals_simulation_and_plan_validates_on_a_real_graph():
@@ -151,11 +166,11 @@ def random_graph_and_budget(draw):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_graph_and_budget(), st.sampled_from(["synchronous", "asynchronous"]),
-       st.sampled_from([(1e-5, False), (2e-3, True)]))
+       st.sampled_from([(1e-5, False, 0.0), (2e-3, True, 0.0), (2e-3, True, 1e-3)]))
 def test_every_plan_validates_and_beats_the_baselines(case, formulation, moves):
     g, seconds, budget = case
-    latency, overlap = moves
-    cm = cost_model(g, seconds, bw=5e6, latency=latency, async_bw=4e6, overlap=overlap)
+    latency, overlap, host = moves
+    cm = cost_model(g, seconds, bw=5e6, latency=latency, async_bw=4e6, overlap=overlap, host=host)
     p = plan(g, cm, budget, formulation, mip_gap=1e-6, time_limit=20, arena=False)
     v = validate(p, g)
     assert v.peak_fast_bytes <= budget

@@ -134,10 +134,13 @@ def test_profile_times_every_kernel_then_hits_the_cache(tiny, memory, tmp_path):
     assert len(cm.kernel_seconds) == len(g.kernels) and all(s > 0 for s in cm.kernel_seconds)
     assert st.measured == unique_keys(g) == st.unique_kernels and st.cache_hits == 0
     assert st.total_kernels == len(g.kernels) > st.unique_kernels
-    assert st.move_samples_measured == 4 * 4
-    for key in (("to_slow", "sync"), ("to_fast", "sync"), ("to_slow", "async"), ("to_fast", "async")):
+    # 4 samples of sync, async and host (an async move's own time on this thread), each way
+    assert st.move_samples_measured == 4 * 6
+    for key in (("to_slow", "sync"), ("to_fast", "sync"), ("to_slow", "async"), ("to_fast", "async"),
+                ("to_slow", "host"), ("to_fast", "host")):
         mc = cm.moves[key]
         assert mc.latency_s >= 0 and mc.bandwidth_bytes_per_s > 0
+    assert cm.async_host_seconds(1 << 20, "to_fast") > 0 and cm.async_host_seconds(0, "to_fast") == 0
     # a kernel's time: its signature's time (timed once) + the interpreter's work after it there
     with ProfileCache(path) as db:
         rows = db.kernel_times(db.environment(environment("cpu+file", None, memory.async_engine)))
@@ -149,11 +152,11 @@ def test_profile_times_every_kernel_then_hits_the_cache(tiny, memory, tmp_path):
 
     cm2, st2 = profile(g, memory, path, inputs=inputs, return_stats=True, **SMALL_MOVES)
     assert st2.nothing_new and "nothing new" in st2.message()
-    assert st2.measured == 0 and st2.cache_hits == unique_keys(g) and st2.move_samples_cached == 16
+    assert st2.measured == 0 and st2.cache_hits == unique_keys(g) and st2.move_samples_cached == 24
     assert cm2 == cm
 
     cm3, st3 = profile(g, memory, path, inputs=inputs, return_stats=True, recache=True, **SMALL_MOVES)
-    assert st3.measured == unique_keys(g) and st3.move_samples_measured == 16
+    assert st3.measured == unique_keys(g) and st3.move_samples_measured == 24
     assert CostModel.from_json(cm3.to_json()) == cm3
 
 

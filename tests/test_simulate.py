@@ -105,6 +105,24 @@ def test_two_async_copies_at_one_kernel_add_up():
     assert sim.predicted_seconds == pytest.approx(17.0 + 0.8)
 
 
+def test_async_moves_host_time_is_serial():
+    # the issuing thread's own part of an async copy (host: 0.5 + n/1000 to slow, 0.25 to
+    # fast) adds to the iteration; no kernel hides it, and the copy itself still overlaps
+    g = g5()
+    moves = dict(MOVES)
+    moves[("to_slow", "host")] = MoveCost(0.5, 1000.0)
+    moves[("to_fast", "host")] = MoveCost(0.25, 1e18)
+    cm = CostModel(g.fingerprint, "hand", "staged", KSEC, {}, moves, False, {})
+    plan = plan_with(g, {1: [Action("evict", 2, "async"), Action("prefetch", 3, "async")]})
+    sim = simulate(plan, g, cm)
+    np.testing.assert_allclose(sim.kernel_seconds, [1.0, 2.0, 10.0, 5.0, 5.0])
+    assert sim.async_host_seconds == pytest.approx(1.5 + 0.25)
+    assert sim.predicted_seconds == pytest.approx(23.0 + 1.75)
+    assert cm.async_host_seconds(0, "to_slow") == 0.0
+    assert cost_model(g).async_host_seconds(1000, "to_slow") == 0.0  # not profiled: nothing
+    assert CostModel.from_json(cm.to_json()) == cm
+
+
 def test_direct_access_uses_the_placement_of_each_kernel():
     g = g5()
     # w (input) starts slow: k0 reads it in slow memory, k4 too (operands: a1, loss, w, grad)
