@@ -21,6 +21,10 @@ Produced by `autotm.profile.profile` (measured on a real memory system) or by
   takes on the calling thread itself, serial with the kernels: issuing it (on cpu+file
   the io_submit call, which pins the pages and builds the requests) and collecting its
   completion. Missing (tier specs, GPU copy streams): 0.
+- ``workspace_bytes[k]`` (profiled CPU tiers, optional): the bytes kernel k allocates and
+  frees while it runs, beyond its outputs (oneDNN's reorder buffers and scratchpads,
+  im2col): fast memory the kernel needs that no tensor of the graph names. The planners
+  keep that much of the budget free at k. Empty: 0 for every kernel.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import bisect
 import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
+
+import numpy as np
 
 COSTMODEL_VERSION = 1
 DIRECTIONS = ("to_slow", "to_fast")
@@ -80,6 +86,7 @@ class CostModel:
     # costs (Linux AIO: 16 copies of 16 KiB took 0.5 ms together, 5 ms one after another);
     # False: they run one after another (an I/O thread, one copy stream). See async_seconds.
     async_overlap: bool = False
+    workspace_bytes: tuple[int, ...] = ()  # per kernel; () = not profiled (0)
 
     # ---- queries ----------------------------------------------------------------------
     def kernel_time(self, k: int, placement: tuple[str, ...] | None = None) -> float:
@@ -116,6 +123,13 @@ class CostModel:
             return self.moves[(direction, mode)].seconds(nbytes)
         except KeyError:
             raise KeyError(f"no move cost for {direction!r} {mode!r}; have {sorted(self.moves)}") from None
+
+    def workspace(self, n_kernels: int):
+        """Per kernel, its workspace bytes (numpy int64; zeros where not profiled)."""
+        w = np.zeros(n_kernels, dtype=np.int64)
+        if self.workspace_bytes:
+            w[:] = self.workspace_bytes
+        return w
 
     def async_host_seconds(self, nbytes: int, direction: str) -> float:
         """Seconds an async move of `nbytes` takes on the thread that issues it (issue and
@@ -163,6 +177,7 @@ class CostModel:
                        "points": [list(p) for p in c.points]}
                       for (d, m), c in sorted(self.moves.items())],
             "kernel_seconds": list(self.kernel_seconds),
+            "workspace_bytes": list(self.workspace_bytes),
             "placement_seconds": {str(k): [[list(p), s] for p, s in table.items()]
                                   for k, table in sorted(self.placement_seconds.items())},
         }
@@ -192,6 +207,7 @@ class CostModel:
                 simulated=bool(d["simulated"]),
                 environment=dict(d.get("environment", {})),
                 async_overlap=bool(d.get("async_overlap", False)),
+                workspace_bytes=tuple(int(x) for x in d.get("workspace_bytes", ())),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed cost model JSON: {e!r}") from None

@@ -50,7 +50,7 @@ from .errors import AutotmError, ReplayError
 from .graph import TrainingGraph
 from .plan import Action, Plan, check_plan_matches
 from .replay import Replay, StepResult, TrainingState, check_batch
-from .planner.arena import LARGE_BLOCK_BYTES
+from .planner.arena import LARGE_BLOCK_BYTES, TEMPORARY_MIN_BYTES
 from .tiers import cpu_arena
 from .tiers.base import PAGE, MemorySystem, SlowHandle
 from .validate import validate
@@ -188,9 +188,6 @@ def trim_heap() -> None:
         libc.malloc_trim(0)
 
 
-TEMPORARY_MIN_BYTES = 1 << 20
-"""With an arena, a kernel's other allocations of this size or more (its temporaries) go to
-free ranges of the arena when one fits (tiers/cpu_arena.py)."""
 
 RSS_SLACK_BYTES = 64 << 20
 """With trim_memory, free heap memory may stay resident while RSS stays under budget +
@@ -450,9 +447,12 @@ class Executor(Replay):
 
         n = len(self.kernels)
         self._expect = [[] for _ in range(n)]
+        # Small tensors stay in the heap (their slots go unused): one that lives longer than
+        # planned (outputs of one size trade slots; state updated in place) would hold
+        # bytes the layout gives to a large tensor later, which then misses its slot.
         for k, ck in enumerate(self.kernels):
             for tid, _i, nb, to_slow in ck.outputs:
-                o = None if to_slow else offset_at(tid, 2 * k + 1)
+                o = None if to_slow or nb < LARGE_BLOCK_BYTES else offset_at(tid, 2 * k + 1)
                 if o is not None:
                     self._expect[k].append((nb, o, 0))
                     self._out_at[(tid, k)] = o
@@ -465,7 +465,7 @@ class Executor(Replay):
                     if o is not None:
                         self._read_at[(tp.id, a.at)] = o
                         self.incoming[a.at] -= self.nbytes[tp.id]
-            if tp.initial == "fast":
+            if tp.initial == "fast" and self.nbytes[tp.id] >= LARGE_BLOCK_BYTES:
                 o = offset_at(tp.id, 0)
                 if o is not None:
                     self._input_at[tp.id] = o
@@ -684,10 +684,11 @@ class Executor(Replay):
         arena = self.arena
         nb = self.nbytes[tid]
         self.arena_large_bytes[0] += nb
-        if arena.offset_of(v) >= 0:
+        off = self._out_at.get((tid, k))
+        at = arena.offset_of(v)
+        if at >= 0 and (off is None or at == off):
             self.arena_large_bytes[1] += nb
             return v
-        off = self._out_at.get((tid, k))
         st = v.untyped_storage()
         if off is None or st.nbytes() != self.nbytes[tid]:
             return v

@@ -39,6 +39,11 @@ does). The calls are functional (`node.target(*args)`), never the replay's in-pl
 path, so repeating a kernel changes nothing; the RNG state is restored around warm-up and
 repeated calls so random kernels (dropout) produce the values the replay would.
 
+Workspace: the call right after a kernel's warm-up (not timed) runs with every CPU
+allocation counted (`cpu_arena.kernel_footprint`, the arena extension; without it, no
+workspace is known): the peak of the bytes alive at once minus the bytes still alive
+after it (its outputs) is what the kernel needs beyond its tensors, cached per signature.
+
 Moves: sync and async seconds of `to_slow` and `to_fast` over sizes 4 KiB .. 64 MiB (async
 ones measured while this thread computes, as the kernel they overlap will),
 fitted per direction and mode as latency + bytes / bandwidth (least squares on relative
@@ -74,6 +79,7 @@ from .costmodel import DIRECTIONS, HOST, MOVE_MODES, CostModel, MoveCost, operan
 from .graph import TrainingGraph
 from .profile_cache import ProfileCache
 from .replay import Replay, on_device
+from .tiers import cpu_arena
 
 log = logging.getLogger("autotm.profile")
 
@@ -269,8 +275,10 @@ class ProfilingReplay(Replay):
     """
 
     def __init__(self, graph: TrainingGraph, memory, batch_jobs: dict[int, list[tuple]], record: Callable,
-                 need: set[str], samples: dict[str, list[list[float]]]):
+                 need: set[str], samples: dict[str, list[list[float]]],
+                 record_workspace: Callable[[str, int], None] | None = None):
         super().__init__(graph, device=getattr(memory, "fast_device", None))
+        self.record_workspace = record_workspace
         self.cuda = self.device is not None and self.device.type == "cuda"
         self.memory = memory
         self.batch_jobs = batch_jobs  # kernel index -> [(placement or None, cache placement key)]
@@ -312,8 +320,16 @@ class ProfilingReplay(Replay):
             torch.set_rng_state(rng)
             if cuda_rng is not None:
                 torch.cuda.set_rng_state(cuda_rng, self.device)
-            # no sample right after the warm-up: it left the operands in the CPU caches
-            super().run_kernel(k)
+            # no sample right after the warm-up: it left the operands in the CPU caches;
+            # that call's allocations give the kernel's workspace (CPU: the arena
+            # allocator counts them; peak bytes alive at once minus what stays, its outputs)
+            fp = None
+            if self.record_workspace is not None and not self.cuda:
+                fp = cpu_arena.kernel_footprint(lambda: super(ProfilingReplay, self).run_kernel(k))
+            if fp is None:
+                super().run_kernel(k)
+            else:
+                self.record_workspace(sig, max(0, fp[0] - fp[1]))
             return
         if self.cuda:  # events around the launch; settled into seconds after the iteration
             t0 = _cuda_mark()
@@ -697,6 +713,7 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
         if progress is not None:
             progress(done[0], total, "moves")
 
+        workspace = {} if recache else db.workspaces(env)
         pos = None if recache else db.position_samples(env, graph.fingerprint)
         pos_missing = pos is None or len(pos) != len(graph.kernels) or not all(pos)
         if need or batch_jobs or pos_missing:
@@ -706,7 +723,13 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
                 inputs = {tid: v.to(device) for tid, v in inputs.items()}
             samples = {sig: list(pending[sig][0]) for sig in need if sig in pending}
             iters = {sig: pending[sig][1] for sig in need if sig in pending}
-            interp = ProfilingReplay(graph, memory, batch_jobs, record, need, samples)
+            def record_workspace(sig: str, nbytes: int) -> None:
+                db.put_workspace(env, sig, nbytes)
+                workspace[sig] = nbytes
+
+            on_cpu = device is None or device.type == "cpu"
+            interp = ProfilingReplay(graph, memory, batch_jobs, record, need, samples,
+                                     record_workspace if on_cpu and cpu_arena.load() is not None else None)
             if not pos_missing:
                 interp.position_samples = [list(x) for x in pos]
             op_of = {k.signature: k.op for k in graph.kernels}
@@ -754,7 +777,9 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
                        kernel_seconds=kernel_seconds, placement_seconds=placement_seconds, moves=moves,
                        simulated=False, environment=envd,
                        # Linux AIO keeps a kernel's copies in flight together
-                       async_overlap=getattr(memory, "async_engine", None) == "aio")
+                       async_overlap=getattr(memory, "async_engine", None) == "aio",
+                       workspace_bytes=tuple(workspace.get(k.signature, 0) for k in graph.kernels)
+                       if workspace else ())
         return cm, stats
     finally:
         if owned:

@@ -229,3 +229,13 @@ class ProfileCache:
 
     def put_value(self, env: str, name: str, value: float) -> None:
         self._db.execute("INSERT OR REPLACE INTO vals VALUES (?, ?, ?)", (env, name, float(value)))
+
+    # ---- kernels' workspace (bytes they allocate and free while they run) ---------------
+    _WORKSPACE = "workspace:"
+
+    def workspaces(self, env: str) -> dict[str, int]:
+        return {name[len(self._WORKSPACE):]: int(v) for name, v in self._db.execute(
+            "SELECT name, value FROM vals WHERE env=? AND name LIKE ?", (env, self._WORKSPACE + "%"))}
+
+    def put_workspace(self, env: str, signature: str, nbytes: int) -> None:
+        self.put_value(env, self._WORKSPACE + signature, int(nbytes))

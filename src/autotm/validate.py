@@ -68,12 +68,16 @@ class ValidationReport:
     fast_blocks: tuple[FastBlock, ...] = ()  # by tensor, then start; the sum at any step is the fast bytes
 
 
-def validate(plan: Plan, graph: TrainingGraph, *, budget_bytes: int | None = None) -> ValidationReport:
+def validate(plan: Plan, graph: TrainingGraph, *, budget_bytes: int | None = None,
+             reserved_bytes=None) -> ValidationReport:
     """Check `plan` against `graph`; raise PlanError at the first broken rule.
 
     `budget_bytes` overrides the plan's budget; a budget of None means unlimited.
+    `reserved_bytes` (per kernel, optional): fast memory kernel k needs beyond the graph's
+    tensors while it runs (its workspace, CostModel.workspace): resident bytes plus that
+    must fit the budget at k.
     """
-    replay = PlanReplay(plan, graph, budget_bytes=budget_bytes)
+    replay = PlanReplay(plan, graph, budget_bytes=budget_bytes, reserved_bytes=reserved_bytes)
     fast = np.zeros(len(graph.kernels), dtype=np.int64)
     for step in replay:
         fast[step.kernel] = step.fast_bytes
@@ -145,11 +149,15 @@ class PlanReplay:
     graph, every tensor listed once, action order and range, async overlap).
     """
 
-    def __init__(self, plan: Plan, graph: TrainingGraph, *, budget_bytes: int | None = None):
+    def __init__(self, plan: Plan, graph: TrainingGraph, *, budget_bytes: int | None = None,
+                 reserved_bytes=None):
         check_plan_matches(plan, graph)
         self.plan = plan
         self.graph = graph
         self.budget = plan.budget_bytes if budget_bytes is None else budget_bytes
+        self.reserved = None if reserved_bytes is None else [int(x) for x in reserved_bytes]
+        if self.reserved is not None and len(self.reserved) != len(graph.kernels):
+            raise PlanError(f"reserved bytes for {len(self.reserved)} kernels, the graph has {len(graph.kernels)}")
         if plan.access not in ACCESS:
             raise PlanError(f"plan access must be 'staged' or 'direct', got {plan.access!r}")
         self.staged = plan.access == "staged"
@@ -346,6 +354,9 @@ class PlanReplay:
                     written[tid] = f"its producer {self._k(k)} wrote it there"
             if budget is not None and used > budget:
                 self._over_budget(k, used, f"at {self._k(k)}", nbytes)
+            if budget is not None and self.reserved is not None and used + self.reserved[k] > budget:
+                self._over_budget(k, used, f"at {self._k(k)}, which needs {self.reserved[k]} bytes of workspace "
+                                           f"besides", nbytes)
             at_kernel = used
             if used > self.peak_fast_bytes:
                 self.peak_fast_bytes = used

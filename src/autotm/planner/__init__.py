@@ -77,10 +77,17 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
         extra = np.cumsum(delta[:-1])
     # a ratio is of the bytes the plan decides on: with pinned tensors, the paper's U
     base = int((graph.live_bytes - extra).max()) if extra is not None else graph.peak_live_bytes
+    # each kernel's workspace (profiled) takes its share of the budget while it runs: the
+    # solvers' capacity at k is budget + pinned bytes - workspace
+    workspace = cost_model.workspace(len(graph.kernels))
+    solver_extra = extra
+    if workspace.any():
+        solver_extra = (extra if extra is not None else 0) - workspace
     budget_bytes = base if (budget is None and formulation == "all-fast") else parse_budget(budget, base)
     validation_budget = budget_bytes + (int(extra.max()) if extra is not None else 0)
     limit = None if formulation in ("all-fast", "all-slow") else validation_budget
-    opts = dict(window=window, time_limit=time_limit, mip_gap=mip_gap, pinned=pinned, extra=extra,
+    opts = dict(window=window, time_limit=time_limit, mip_gap=mip_gap, pinned=pinned, extra=solver_extra,
+                workspace=workspace if workspace.any() else None,
                 warm_start=warm_start and not pin_params, threads=threads, verbose=verbose)
 
     attempts: list[Plan] = []
@@ -94,18 +101,21 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
             attempts[-1].meta["warning"] = (f"a budget {cut:,} bytes lower, to fit the arena, is infeasible")
             break
         p = dataclasses.replace(p, budget_bytes=limit, memory_system=ms)
-        report = validate(p, graph)
+        report = validate(p, graph, reserved_bytes=workspace if limit is not None and workspace.any() else None)
         sim = simulate(p, graph, cost_model)
         meta.update(formulation=formulation, pin_params=pin_params, requested_budget_bytes=budget_bytes,
                     solver_budget_bytes=budget_bytes - cut, defrag_retries=retry,
                     predicted_seconds=sim.predicted_seconds, peak_fast_bytes=report.peak_fast_bytes,
                     bytes_to_slow=report.bytes_to_slow, bytes_to_fast=report.bytes_to_fast, moves=report.moves,
-                    simulated=bool(cost_model.simulated), budget_bytes=budget_bytes)
+                    simulated=bool(cost_model.simulated), budget_bytes=budget_bytes,
+                    peak_workspace_bytes=int(workspace.max(initial=0)),
+                    peak_fast_with_workspace_bytes=int((report.fast_bytes + workspace).max(initial=0)))
         p = dataclasses.replace(p, meta=meta)
         if not arena:
             attempts.append(p)
             break
-        p = with_arena(p, graph, large_alignment=large_block_alignment(cost_model.memory_system))
+        p = with_arena(p, graph, large_alignment=large_block_alignment(cost_model.memory_system),
+                       workspace=workspace if workspace.any() else None)
         p.meta["arena_fits"] = limit is None or p.arena_bytes <= limit
         attempts.append(p)
         # plan again for less: by the overshoot (the original's rule), or by the bytes lost
@@ -137,16 +147,16 @@ def large_block_alignment(memory_system: str) -> int | None:
 
 
 def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, window, time_limit, mip_gap,
-           pinned, extra, warm_start, threads, verbose) -> tuple[Plan, dict]:
+           pinned, extra, workspace, warm_start, threads, verbose) -> tuple[Plan, dict]:
     """One plan for one budget, without meta on time or bytes (plan() adds those)."""
     ms = cost_model.memory_system
     direct = cost_model.access == "direct"
     meta: dict = {}
-    ilp = dict(time_limit=time_limit, mip_gap=mip_gap, pinned=pinned, pinned_budget_extra=extra, threads=threads)
+    ilp = dict(time_limit=time_limit, mip_gap=mip_gap, pinned=pinned, budget_extra=extra, threads=threads)
     if formulation == "all-fast":
         p = dataclasses.replace(all_fast(graph, ms), access=cost_model.access)
     elif formulation == "lru":
-        p = lru_plan(graph, validation_budget, ms)
+        p = lru_plan(graph, validation_budget, ms, workspace=workspace)
         p = dataclasses.replace(p, access=cost_model.access)  # demand paging: valid under either access
     elif direct and formulation in ("all-slow", "first-touch", "static"):
         if formulation == "all-slow":
@@ -157,13 +167,13 @@ def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, w
             p, stats = solve_static(graph, cost_model, budget_bytes, verbose=verbose, **ilp)
             meta.update(_stats_meta(stats))
     elif formulation == "first-touch":
-        p = first_touch_plan(graph, validation_budget, ms)
+        p = first_touch_plan(graph, validation_budget, ms, workspace=workspace)
     else:
         solve = solve_direct if direct else solve_staged
         start = None
         if warm_start:
-            start = (_best_direct_start(graph, cost_model, budget_bytes, validation_budget, ilp) if direct
-                     else _best_baseline(graph, cost_model, validation_budget))
+            start = (_best_direct_start(graph, cost_model, budget_bytes, validation_budget, ilp, workspace) if direct
+                     else _best_baseline(graph, cost_model, validation_budget, workspace))
         if formulation == "asynchronous" and warm_start:
             # every synchronous plan is an asynchronous plan: solve the small model first
             try:
@@ -211,7 +221,7 @@ def _stats_meta(stats) -> dict:
                 binaries=stats.binaries, rows=stats.rows, nonzeros=stats.nonzeros)
 
 
-def _best_direct_start(graph, cost_model, budget_bytes, validation_budget, ilp):
+def _best_direct_start(graph, cost_model, budget_bytes, validation_budget, ilp, workspace):
     """The fastest of the static ILP's plan and the direct baselines, as a warm start."""
     small = frozenset(t.id for t in graph.tensors if t.nbytes < default_min_tensor_bytes(graph))
     cands = []
@@ -222,7 +232,8 @@ def _best_direct_start(graph, cost_model, budget_bytes, validation_budget, ilp):
         pass
     for name, make in (("first-touch", lambda: first_touch_direct_plan(graph, cost_model, validation_budget)),
                        ("lru", lambda: dataclasses.replace(lru_plan(graph, validation_budget, cost_model.memory_system,
-                                                                    keep_fast=small), access="direct"))):
+                                                                    keep_fast=small, workspace=workspace),
+                                                           access="direct"))):
         try:
             cands.append((make(), name))
         except InfeasibleBudget:
@@ -230,7 +241,7 @@ def _best_direct_start(graph, cost_model, budget_bytes, validation_budget, ilp):
     best = None
     for p, name in cands:
         try:
-            validate(p, graph, budget_bytes=validation_budget)
+            validate(p, graph, budget_bytes=validation_budget, reserved_bytes=workspace)
         except Exception:
             continue
         t = simulate(p, graph, cost_model).predicted_seconds
@@ -239,7 +250,7 @@ def _best_direct_start(graph, cost_model, budget_bytes, validation_budget, ilp):
     return (best[0], best[1]) if best else None
 
 
-def _best_baseline(graph, cost_model, budget):
+def _best_baseline(graph, cost_model, budget, workspace):
     """The fastest feasible baseline plan, as a warm start for the ILP. The baselines keep
     the tensors the ILP does not move (ilp.default_min_tensor_bytes) in fast memory, so that the
     start is a solution of the model."""
@@ -247,8 +258,8 @@ def _best_baseline(graph, cost_model, budget):
     small = frozenset(t.id for t in graph.tensors if t.nbytes < default_min_tensor_bytes(graph))
     for name, make in (("lru", lru_plan), ("first-touch", first_touch_plan)):
         try:
-            p = make(graph, budget, cost_model.memory_system, keep_fast=small)
-            validate(p, graph)
+            p = make(graph, budget, cost_model.memory_system, keep_fast=small, workspace=workspace)
+            validate(p, graph, reserved_bytes=workspace)
             t = simulate(p, graph, cost_model).predicted_seconds
         except Exception:
             continue

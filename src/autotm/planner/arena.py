@@ -32,6 +32,9 @@ from ..validate import FastBlock, validate
 
 ALIGNMENT = 64
 LARGE_BLOCK_BYTES = 64 << 10
+# Kernels' temporaries of at least this size go to free pages of the arena at run time
+# (tiers/cpu_arena.py); a kernel's workspace this large gets its own range in the layout.
+TEMPORARY_MIN_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -147,20 +150,28 @@ def _peak(start: np.ndarray, end: np.ndarray, size: np.ndarray) -> int:
 
 
 def with_arena(plan: Plan, graph: TrainingGraph, alignment: int = ALIGNMENT,
-               large_alignment: int | None = None) -> Plan:
+               large_alignment: int | None = None, workspace=None) -> Plan:
     """`plan` with an arena layout: offsets for every fast residency and the arena size.
 
+    `workspace[k]` (per kernel, optional): bytes kernel k allocates and frees while it
+    runs; those of TEMPORARY_MIN_BYTES or more get a range of their own at step 2k + 1
+    (not named in the plan: it keeps room in the arena where the runtime puts a kernel's
+    large temporaries).
     plan.meta gains arena_bytes, peak_fast_bytes (of the blocks, unaligned) and
     fragmentation = arena_bytes / peak_fast_bytes - 1.
     """
     bare = dataclasses.replace(plan, arena_bytes=None,
                                tensors=tuple(dataclasses.replace(tp, offsets=()) for tp in plan.tensors))
     blocks = validate(bare, graph).fast_blocks
-    layout = assign_offsets(blocks, alignment, shared_storage(blocks, graph), large_alignment)
+    scratch = [] if workspace is None else [
+        FastBlock(-1 - k, 2 * k + 1, 2 * k + 1, int(w)) for k, w in enumerate(workspace) if w >= TEMPORARY_MIN_BYTES]
+    layout = assign_offsets(tuple(blocks) + tuple(scratch), alignment, shared_storage(blocks, graph),
+                            large_alignment)
     per_tensor: dict[int, list[int]] = {}
-    for b, off in zip(blocks, layout.offsets):  # blocks come by tensor, then time
+    for b, off in zip(blocks, layout.offsets):  # blocks come by tensor, then time (scratch after)
         per_tensor.setdefault(b.tensor, []).append(off)
     tensors = tuple(dataclasses.replace(tp, offsets=tuple(per_tensor.get(tp.id, ()))) for tp in bare.tensors)
+    blocks = tuple(blocks) + tuple(scratch)
     peak = _peak(np.array([b.start for b in blocks]), np.array([b.end for b in blocks]),
                  np.array([b.nbytes for b in blocks])) if blocks else 0
     meta = dict(plan.meta, arena_bytes=layout.arena_bytes,

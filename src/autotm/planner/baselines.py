@@ -37,27 +37,35 @@ def _operands(graph: TrainingGraph) -> list[list[int]]:
     return [list(dict.fromkeys(k.inputs + k.outputs)) for k in graph.kernels]
 
 
-def _minimum(graph: TrainingGraph, budget: int) -> None:
-    need = [sum(graph.tensors[t].nbytes for t in ops) for ops in _operands(graph)]
+def _reserve(graph: TrainingGraph, reserve) -> np.ndarray:
+    """Per kernel, the bytes of the budget its workspace takes (CostModel.workspace)."""
+    n = len(graph.kernels)
+    return np.zeros(n, dtype=np.int64) if reserve is None else np.asarray(reserve, dtype=np.int64)
+
+
+def _minimum(graph: TrainingGraph, budget: int, reserve: np.ndarray) -> None:
+    need = [sum(graph.tensors[t].nbytes for t in ops) + int(w) for ops, w in zip(_operands(graph), reserve)]
     k = int(np.argmax(need))
     if need[k] > budget:
-        raise InfeasibleBudget(budget, need[k], f"kernel {k} ({graph.kernels[k].op}) and its operands")
+        raise InfeasibleBudget(budget, need[k], f"kernel {k} ({graph.kernels[k].op}) with its operands and workspace")
 
 
 def first_touch_plan(graph: TrainingGraph, budget: int, memory_system: str = "cpu+file", *,
-                     keep_fast: frozenset[int] = frozenset()) -> Plan:
+                     keep_fast: frozenset[int] = frozenset(), workspace=None) -> Plan:
     """Fast while there is room at creation, else slow for life (staged in for each use).
 
-    Room is kept for staging: at first the largest set of operands of one kernel; when
-    the staged copies of several slow tensors still overlap beyond the budget, the
-    reserve grows by the excess and the placement is made again."""
+    Room is kept for staging: at first the largest set of operands (and workspace) of one
+    kernel; when the staged copies of several slow tensors still overlap beyond the
+    budget, the reserve grows by the excess and the placement is made again.
+    `workspace[k]`: bytes kernel k needs beyond the tensors (CostModel.workspace)."""
     from ..validate import validate
 
-    _minimum(graph, budget)
-    reserve = max(sum(graph.tensors[t].nbytes for t in o) for o in _operands(graph))
+    ws = _reserve(graph, workspace)
+    _minimum(graph, budget, ws)
+    reserve = max(sum(graph.tensors[t].nbytes for t in o) + int(w) for o, w in zip(_operands(graph), ws))
     while True:
         p = _first_touch(graph, budget, memory_system, reserve, keep_fast)
-        over = validate(p, graph, budget_bytes=2**62).peak_fast_bytes - budget
+        over = int((validate(p, graph, budget_bytes=2**62).fast_bytes + ws).max()) - budget
         if over <= 0:
             return p
         if reserve >= budget:
@@ -114,11 +122,13 @@ def _runs(uses: list[int]) -> list[tuple[int, int]]:
 
 
 def lru_plan(graph: TrainingGraph, budget: int, memory_system: str = "cpu+file", *,
-             keep_fast: frozenset[int] = frozenset()) -> Plan:
+             keep_fast: frozenset[int] = frozenset(), workspace=None) -> Plan:
     """Demand paging: fetch operands on use, evict the least recently used to make room.
 
-    `keep_fast`: tensors never evicted (the ILP's warm start: those it does not move)."""
-    _minimum(graph, budget)
+    `keep_fast`: tensors never evicted (the ILP's warm start: those it does not move);
+    `workspace[k]`: bytes kernel k needs beyond the tensors, room made for it too."""
+    ws = _reserve(graph, workspace)
+    _minimum(graph, budget, ws)
     n = len(graph.kernels)
     ops = _operands(graph)
     nbytes = [t.nbytes for t in graph.tensors]
@@ -142,7 +152,7 @@ def lru_plan(graph: TrainingGraph, budget: int, memory_system: str = "cpu+file",
     for k in range(n):
         need = [t for t in ops[k] if t not in resident and graph.tensors[t].producer != k]
         new = [t for t in ops[k] if graph.tensors[t].producer == k]
-        room = sum(nbytes[t] for t in need) + sum(nbytes[t] for t in new)
+        room = sum(nbytes[t] for t in need) + sum(nbytes[t] for t in new) + int(ws[k])
         for t in ops[k]:
             if t in resident:
                 resident.move_to_end(t)

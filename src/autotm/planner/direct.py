@@ -88,7 +88,7 @@ class _Tensor:
 
 def solve_direct(graph: TrainingGraph, cost: CostModel, budget: int, *, formulation: str = "synchronous",
                  window: int = 15, time_limit: float = 60.0, mip_gap: float = 0.01, min_tensor_bytes: int | None = None,
-                 pinned: frozenset[int] = frozenset(), pinned_budget_extra: np.ndarray | None = None,
+                 pinned: frozenset[int] = frozenset(), budget_extra: np.ndarray | None = None,
                  threads: int | None = None, warm_start: Plan | None = None, verbose: bool = False,
                  candidates: int = 4) -> tuple[Plan, ILPStats]:
     """Solve the direct-access ILP (module doc) and decode the plan."""
@@ -101,7 +101,7 @@ def solve_direct(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     async_ = formulation == "asynchronous"
     if min_tensor_bytes is None:
         min_tensor_bytes = default_min_tensor_bytes(graph)
-    extra = pinned_budget_extra if pinned_budget_extra is not None else np.zeros(n, dtype=np.int64)
+    extra = budget_extra if budget_extra is not None else np.zeros(n, dtype=np.int64)
     movable = [t for t in graph.tensors if t.role not in FIXED_FAST and t.id not in pinned and t.nbytes > 0]
     fixed = np.asarray(graph.live_bytes, dtype=np.float64).copy()
     for t in movable:

@@ -208,8 +208,11 @@ def default_min_tensor_bytes(graph: TrainingGraph) -> int:
     return graph.peak_live_bytes // 20000
 
 
-def minimum_budget(graph: TrainingGraph, segs: list[TensorSegments]) -> tuple[int, int]:
-    """(bytes, kernel): the most bytes any kernel must hold in fast memory under staged access."""
+def minimum_budget(graph: TrainingGraph, segs: list[TensorSegments],
+                   extra: np.ndarray | None = None) -> tuple[int, int]:
+    """(bytes, kernel): the most bytes any kernel must hold in fast memory under staged
+    access, less `extra[k]` (per kernel: bytes the budget gains there, pinned tensors; or
+    loses, negative, to a kernel's workspace)."""
     n = len(graph.kernels)
     movable = np.zeros(n + 1, dtype=np.int64)
     for ts in segs:
@@ -218,19 +221,24 @@ def minimum_budget(graph: TrainingGraph, segs: list[TensorSegments]) -> tuple[in
                 movable[s.start] += ts.nbytes
                 movable[s.end + 1] -= ts.nbytes
     need = graph.live_bytes - np.cumsum(movable[:-1])
+    if extra is not None:
+        need = need - extra
     k = int(np.argmax(need))
     return int(need[k]), k
 
 
 def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulation: str = "synchronous",
                  window: int = 15, time_limit: float = 60.0, mip_gap: float = 0.01, min_tensor_bytes: int | None = None,
-                 pinned: frozenset[int] = frozenset(), pinned_budget_extra: np.ndarray | None = None,
+                 pinned: frozenset[int] = frozenset(), budget_extra: np.ndarray | None = None,
                  threads: int | None = None, warm_start: Plan | None = None, verbose: bool = False,
                  candidates: int = 4) -> tuple[Plan, ILPStats]:
     """Solve the AutoTM ILP for a staged memory system and decode the plan.
 
     window: async copies may overlap kernels up to this many positions from the move's
     natural place; candidates: of those, how many (the longest kernels) are offered.
+    budget_extra[k]: bytes the budget gains at kernel k (pinned tensors, counted outside
+    it) or, negative, loses (the kernel's workspace); the capacity row at k is
+    budget + budget_extra[k].
     """
     import highspy
 
@@ -242,11 +250,10 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
         min_tensor_bytes = default_min_tensor_bytes(graph)
     pairs = carried_pairs(graph)
     segs = tensor_segments(graph, min_bytes=min_tensor_bytes, pinned=pinned, pairs=pairs)
-    need, need_k = minimum_budget(graph, segs)
-    extra = pinned_budget_extra if pinned_budget_extra is not None else np.zeros(n, dtype=np.int64)
-    if need > budget + int(extra[need_k]):
-        # the pinned/small tensors could be counted too: report the true minimum over all kernels
-        raise InfeasibleBudget(budget, need - int(extra[need_k]), f"kernel {need_k} ({graph.kernels[need_k].op})")
+    extra = budget_extra if budget_extra is not None else np.zeros(n, dtype=np.int64)
+    need, need_k = minimum_budget(graph, segs, extra)
+    if need > budget:
+        raise InfeasibleBudget(budget, need, f"kernel {need_k} ({graph.kernels[need_k].op})")
     async_ = formulation == "asynchronous"
     T = np.asarray(cost.kernel_seconds, dtype=float)
     mv = lambda s, d, m: cost.move_seconds(s, d, m)  # noqa: E731

@@ -54,34 +54,39 @@ def all_slow_plan(graph: TrainingGraph, cost: CostModel) -> Plan:
 
 
 def first_touch_direct_plan(graph: TrainingGraph, cost: CostModel, budget: int) -> Plan:
-    """Fast memory while it has room when a tensor is created, otherwise slow for life."""
+    """Fast memory while it has room when a tensor is created, otherwise slow for life.
+    Room counts the kernels' workspace (CostModel.workspace) over the tensor's life."""
     n = len(graph.kernels)
+    ws = np.zeros(n + 1, dtype=np.int64)
+    ws[:n] = cost.workspace(n)
     home = np.zeros(n + 1, dtype=np.int64)
     slow = set()
     can_move = set(movable(graph))
     # tensors that must be fast take their room first, then first come, first served
     for t in sorted(graph.tensors, key=lambda t: (t.live[0], t.id in can_move, t.id)):
         a, b = t.live
-        if t.id in can_move and home[a] + t.nbytes > budget:
+        if t.id in can_move and int((home[a:b + 1] + ws[a:b + 1]).max()) + t.nbytes > budget:
             slow.add(t.id)
         else:
             home[a:b + 1] += t.nbytes
     # (no steady-state fix-up: like the OS, first-touch knows nothing of the next iteration;
     # an updated weight placed elsewhere than its input is moved back after the last kernel)
-    if int(home[:n].max(initial=0)) > budget:
-        k = int(home[:n].argmax())
-        raise InfeasibleBudget(budget, int(home[k]), f"kernel {k} ({graph.kernels[k].op}) with tensors that must stay fast")
+    need = home[:n] + ws[:n]
+    if int(need.max(initial=0)) > budget:
+        k = int(need.argmax())
+        raise InfeasibleBudget(budget, int(need[k]), f"kernel {k} ({graph.kernels[k].op}) with tensors that must "
+                                                     f"stay fast and its workspace")
     return _direct_plan(graph, cost, budget, "first-touch", slow)
 
 
 def solve_static(graph: TrainingGraph, cost: CostModel, budget: int, *, time_limit: float = 60.0,
-                 mip_gap: float = 0.01, pinned: frozenset[int] = frozenset(), pinned_budget_extra=None,
+                 mip_gap: float = 0.01, pinned: frozenset[int] = frozenset(), budget_extra=None,
                  threads: int | None = None, verbose: bool = False) -> tuple[Plan, ILPStats]:
     import highspy
 
     t0 = time.perf_counter()
     n = len(graph.kernels)
-    extra = pinned_budget_extra if pinned_budget_extra is not None else np.zeros(n, dtype=np.int64)
+    extra = budget_extra if budget_extra is not None else np.zeros(n, dtype=np.int64)
     can = movable(graph, pinned)
     fixed = np.asarray(graph.live_bytes, dtype=np.float64).copy()
     for tid in can:

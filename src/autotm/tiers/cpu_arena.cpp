@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 namespace {
@@ -81,6 +82,23 @@ int64_t temporaries_placed = 0;
 int64_t placed = 0, passed = 0;
 c10::Allocator* previous = nullptr;
 
+// Watching (the profiler, one kernel call at a time): every CPU allocation counts, ours
+// or the previous allocator's, until freed; the peak of the bytes alive since watch()
+// began is a kernel's footprint. A block freed in a later window does not count there
+// (its generation).
+bool watching = false;
+int64_t watch_gen = 0, watch_cur = 0, watch_peak = 0;
+std::unordered_map<void*, std::pair<int64_t, int64_t>> watched;  // address -> (bytes, generation)
+
+// Called with mu held, for a block given back: its bytes leave the watched count.
+void unwatch_locked(void* p) {
+  if (watched.empty()) return;
+  auto w = watched.find(p);
+  if (w == watched.end()) return;
+  if (w->second.second == watch_gen) watch_cur -= w->second.first;
+  watched.erase(w);
+}
+
 void unmap(Arena* a) {
   munmap(a->base, a->size);
   delete a;
@@ -107,6 +125,7 @@ bool release_locked(void* p) {
 
 void arena_delete(void* p) {
   std::lock_guard<std::mutex> g(mu);
+  unwatch_locked(p);
   release_locked(p);
 }
 
@@ -114,6 +133,7 @@ void arena_delete(void* p) {
 void any_delete(void* p) {
   {
     std::lock_guard<std::mutex> g(mu);
+    unwatch_locked(p);
     if (release_locked(p)) return;
   }
   previous->raw_deleter()(p);
@@ -124,14 +144,16 @@ struct PlannedAllocator final : public c10::Allocator {
     if (n > 0) {
       std::lock_guard<std::mutex> g(mu);
       if (expecting != nullptr) {
+        bool output_size = false;
         for (auto& e : expected) {
           // (the entry stays: a kernel may allocate a temporary of its output's size first,
           // and free it before the output comes; a live one keeps the range busy)
           if (e.nbytes != n) continue;
-          if (e.skip > 0) {
+          if (e.skip > 0) {  // a temporary of the output's size, known from an earlier call
             --e.skip;
             continue;
           }
+          output_size = true;
           if (expecting->is_free(e.offset, n)) {
             expecting->live.emplace(e.offset, n);
             expecting->live_bytes += n;
@@ -141,7 +163,11 @@ struct PlannedAllocator final : public c10::Allocator {
             return {p, p, &arena_delete, c10::Device(c10::DeviceType::CPU)};
           }
         }
-        if (temporaries_min > 0 && n >= temporaries_min) {
+        // (an allocation of an expected output's size, not a known temporary, whose slot is
+        // busy may be that output, which outlives the kernel: never a temporary's free
+        // pages, where it would hold bytes the layout gives to later tensors; the heap, and
+        // the executor copies it into its slot and learns the skip)
+        if (temporaries_min > 0 && n >= temporaries_min && !output_size) {
           std::vector<std::pair<size_t, size_t>> reserved;
           for (auto& e : expected) reserved.emplace_back(e.offset, e.offset + e.nbytes);
           size_t off = expecting->first_fit(n, reserved);
@@ -159,6 +185,20 @@ struct PlannedAllocator final : public c10::Allocator {
         alloc_log.emplace_back(n, reinterpret_cast<int64_t>(d.get()));
         return d;
       }
+    }
+    if (n > 0 && watching) {
+      c10::DataPtr d = previous->allocate(n);
+      // a plain block (data is its context, freed by the raw deleter, as c10's default
+      // allocator's are): counted until any_delete sees it go
+      if (d.get() == d.get_context() && d.get_deleter() == previous->raw_deleter()) {
+        void* p = d.release_context();
+        std::lock_guard<std::mutex> g(mu);
+        watched[p] = {static_cast<int64_t>(n), watch_gen};
+        watch_cur += n;
+        if (watch_cur > watch_peak) watch_peak = watch_cur;
+        return {p, p, &any_delete, c10::Device(c10::DeviceType::CPU)};
+      }
+      return d;
     }
     return previous->allocate(n);
   }
@@ -257,6 +297,22 @@ std::tuple<int64_t, int64_t, int64_t, int64_t> stats(int64_t id) {
   std::lock_guard<std::mutex> g(mu);
   Arena* a = find_locked(id);
   return {static_cast<int64_t>(a->live_bytes), placed, passed, temporaries_placed};
+}
+
+// Start (true) or stop counting CPU allocations; starting resets the count and the peak.
+void watch(bool on) {
+  std::lock_guard<std::mutex> g(mu);
+  watching = on;
+  if (on) {
+    ++watch_gen;
+    watch_cur = watch_peak = 0;
+  }
+}
+
+// (bytes allocated since watch(true) and still alive, their peak)
+std::pair<int64_t, int64_t> watched_bytes() {
+  std::lock_guard<std::mutex> g(mu);
+  return {watch_cur, watch_peak};
 }
 
 // No new blocks from arena `id`; its memory goes back when its last block dies.

@@ -63,7 +63,7 @@ class _Loader:
 
             m = load_inline("autotm_cpu_arena", cpp_sources=_SOURCE.read_text(),
                             functions=["install", "is_installed", "create", "expect", "allocations", "take",
-                                       "offset_of", "stats", "retire"],
+                                       "offset_of", "stats", "retire", "watch", "watched_bytes"],
                             extra_cflags=["-O2"], verbose=False)
             m.install()
             if not m.is_installed():
@@ -90,6 +90,24 @@ def _ninja_on_path() -> None:
 
 load = _Loader()
 """load() -> the extension module or None; load.reason says why not."""
+
+
+def kernel_footprint(call) -> tuple[int, int] | None:
+    """Run call() with every CPU allocation counted: (peak bytes allocated during it that
+    were alive at once, bytes of them still alive after it: its results), or None without
+    the extension. Peak minus what stays is the call's workspace: temporaries a kernel
+    allocates and frees (oneDNN's reorder buffers and scratchpads, im2col)."""
+    m = load()
+    if m is None:
+        return None
+    m.watch(True)
+    try:
+        r = call()
+    finally:
+        m.watch(False)
+    cur, peak = m.watched_bytes()
+    del r
+    return int(peak), int(cur)
 
 
 class CpuArena:
