@@ -65,20 +65,18 @@ def main() -> None:
             cm = profile(graph, memory, cache, inputs=inputs)
             t_prof = time.perf_counter() - t0
             del inputs
-            # the plans' iterations are interleaved (A B C A B C ...), so a change in the
-            # machine's load during the run hits every plan alike
-            sessions = {}
+            # one plan at a time, its session closed before the next starts: sessions in one
+            # process share glibc's heap, and one that trims it to hold its RSS bound made
+            # another's next iterations fault their memory in again (vgg19 all-fast at 3x)
             for plan_name, make in PLANS.items():
                 plan = make(graph)
                 model = w.build_model()
                 opt = w.make_optimizer(model.parameters())
-                sessions[plan_name] = (plan, ExecutorSession(graph, plan, memory, model, opt))
+                s = ExecutorSession(graph, plan, memory, model, opt)
                 del model, opt
-            try:
-                for _ in range(a.iterations):
-                    for plan_name, (plan, s) in sessions.items():
+                try:
+                    for _ in range(a.iterations):
                         s.step(batch)
-                for plan_name, (plan, s) in sessions.items():
                     sim = simulate(plan, graph, cm)
                     rep = s.report()
                     meas = rep.measured_seconds
@@ -96,10 +94,10 @@ def main() -> None:
                     print(f"{w.name:36s} {plan_name:12s} pred {sim.predicted_seconds:8.4f}  meas {meas:8.4f}  "
                           f"err {100 * err:5.1f} %  (kernels {row['pred_kernels_s']:.4f}/{ks:.4f}, "
                           f"sync moves {sim.sync_move_seconds:.4f}/{sync_meas:.4f})", flush=True)
-            finally:
-                for _, s in sessions.values():
+                finally:
                     s.close()
-            del sessions
+                del s
+                gc.collect()
             gc.collect()
             del graph, batch, cm
             gc.collect()

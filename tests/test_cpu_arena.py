@@ -74,6 +74,44 @@ def test_temporaries_take_free_pages_but_never_an_expected_range(arena):
     assert arena.offset_of(out) == 0
 
 
+def test_an_output_sized_allocation_with_a_busy_slot_is_no_temporary(arena):
+    # the slot [0, 1 MiB) is busy: an allocation of that size may be the output itself,
+    # which outlives the kernel, so it goes to the heap, not to the arena's free pages
+    # (where it would hold bytes the layout gives to later tensors)
+    busy = arena.take(0, MIB)
+    arena.expect([(MIB, 0, 0)], temporaries=MIB)
+    out = torch.empty(MIB, dtype=torch.uint8)
+    arena.done()
+    assert arena.offset_of(out) == -1
+    del busy
+    # a known temporary of the output's size (skip) may use free pages; the output its slot
+    arena.expect([(MIB, 0, 1)], temporaries=MIB)
+    tmp = torch.empty(MIB, dtype=torch.uint8)
+    out = torch.empty(MIB, dtype=torch.uint8)
+    arena.done()
+    assert arena.offset_of(tmp) >= MIB and arena.offset_of(out) == 0
+
+
+def test_kernel_footprint_counts_temporaries_apart_from_outputs():
+    if cpu_arena.load() is None:
+        pytest.skip(f"no C++ toolchain here: {cpu_arena.load.reason}")
+    x = torch.randn(64, 64)
+    before = torch.randn(256, 256)  # allocated before the window: its free does not count there
+
+    def kernel():
+        nonlocal before
+        tmp = torch.empty(1 << 18)  # 1 MiB temporary
+        tmp.fill_(1.0)
+        before = None
+        return x + tmp[: x.numel()].view_as(x)
+
+    peak, kept = cpu_arena.kernel_footprint(kernel)
+    assert kept == x.nbytes  # the result
+    assert peak - kept >= MIB  # the temporary, alive at once with nothing else freed first
+    peak, kept = cpu_arena.kernel_footprint(lambda: x + 1)
+    assert kept == x.nbytes and peak - kept < 1024  # (the scalar 1, wrapped in a tensor)
+
+
 def test_a_closed_arena_keeps_its_live_tensors():
     if cpu_arena.load() is None:
         pytest.skip(f"no C++ toolchain here: {cpu_arena.load.reason}")

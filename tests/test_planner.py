@@ -20,7 +20,8 @@ from autotm.validate import validate
 from graphs import make_graph
 
 
-def cost_model(g, kernel_seconds, *, bw=1000.0, latency=0.0, async_bw=None, overlap=False, host=0.0):
+def cost_model(g, kernel_seconds, *, bw=1000.0, latency=0.0, async_bw=None, overlap=False, host=0.0,
+               interference=0.0):
     """Moves cost latency + bytes / bw (async: async_bw); with `overlap` the async copies at
     one kernel overlap their latencies (as Linux AIO's do); `host`: an async copy's own
     seconds on the issuing thread."""
@@ -30,7 +31,8 @@ def cost_model(g, kernel_seconds, *, bw=1000.0, latency=0.0, async_bw=None, over
     if host:
         moves.update({("to_slow", "host"): MoveCost(host, 1e18), ("to_fast", "host"): MoveCost(host, 1e18)})
     return CostModel(g.fingerprint, "cpu+file", "staged", tuple(kernel_seconds), {}, moves, True,
-                     async_overlap=overlap)
+                     async_overlap=overlap,
+                     copy_interference={"to_slow": interference, "to_fast": interference / 2} if interference else {})
 
 
 def chain_with_one_big_activation():
@@ -83,6 +85,29 @@ def test_async_copies_pay_their_host_time():
     dear = plan(g, cost_model(g, [1.0] * 6, host=0.15), 102, "asynchronous", arena=False)
     assert dear.meta["predicted_seconds"] == pytest.approx(6.2)
     assert {a.mode for tp in dear.tensors for a in tp.actions} == {"sync"}
+
+
+def test_every_planner_leaves_a_kernels_workspace_free():
+    # the peak (201 B at k2, k3) fits 202 B; k2 also needs 100 B of workspace while it
+    # runs, so big must be out of fast memory there
+    g = chain_with_one_big_activation()
+    import dataclasses
+
+    free = cost_model(g, [1.0] * 6)
+    assert all(not tp.actions for tp in plan(g, free, 202, "synchronous", arena=False).tensors)
+    ws = [0, 0, 100, 0, 0, 0]
+    cm = dataclasses.replace(free, workspace_bytes=tuple(ws))
+    for formulation in ("synchronous", "asynchronous", "lru", "first-touch"):
+        p = plan(g, cm, 202, formulation, arena=False)
+        assert (validate(p, g, reserved_bytes=ws).fast_bytes + np.array(ws)).max() <= 202, formulation
+        assert p.meta["peak_fast_with_workspace_bytes"] <= 202
+    with pytest.raises(InfeasibleBudget) as e:
+        plan(g, dataclasses.replace(free, workspace_bytes=(0, 0, 200, 0, 0, 0)), 202, "synchronous", arena=False)
+    assert e.value.minimum > 202
+    # the arena keeps a range for a workspace of a MiB or more, apart from every tensor
+    big_ws = dataclasses.replace(free, workspace_bytes=(0, 0, 1 << 20, 0, 0, 0))
+    p = plan(g, big_ws, (1 << 20) + 202, "synchronous")
+    assert p.arena_bytes >= (1 << 20) + 101
 
 
 def test_objective_equals_simulation_and_plan_validates_on_a_real_graph():
@@ -166,11 +191,12 @@ def random_graph_and_budget(draw):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_graph_and_budget(), st.sampled_from(["synchronous", "asynchronous"]),
-       st.sampled_from([(1e-5, False, 0.0), (2e-3, True, 0.0), (2e-3, True, 1e-3)]))
+       st.sampled_from([(1e-5, False, 0.0, 0.0), (2e-3, True, 0.0, 0.0), (2e-3, True, 1e-3, 0.5)]))
 def test_every_plan_validates_and_beats_the_baselines(case, formulation, moves):
     g, seconds, budget = case
-    latency, overlap, host = moves
-    cm = cost_model(g, seconds, bw=5e6, latency=latency, async_bw=4e6, overlap=overlap, host=host)
+    latency, overlap, host, interference = moves
+    cm = cost_model(g, seconds, bw=5e6, latency=latency, async_bw=4e6, overlap=overlap, host=host,
+                    interference=interference)
     p = plan(g, cm, budget, formulation, mip_gap=1e-6, time_limit=20, arena=False)
     v = validate(p, g)
     assert v.peak_fast_bytes <= budget

@@ -106,12 +106,13 @@ def test_direct_plans_validate_match_the_simulator_and_beat_static_and_first_tou
     g, seconds, slow_factor, budget = case
     cm = direct_cost_model(g, seconds, slow_factor)
     # moves cost about as much as a kernel: some are worth it, some not; with `overlap`
-    # the async copies at one kernel share one fixed cost, and each costs its issuing
-    # thread 0.2 ms
+    # the async copies at one kernel share one fixed cost, each costs its issuing thread
+    # 0.2 ms, and a copy in flight slows its kernel
     moves = {k: type(v)(1e-3 if overlap else 1e-5, 5e6) for k, v in cm.moves.items()}
     if overlap:
         moves.update({(d, "host"): type(cm.moves[(d, "sync")])(2e-4, 1e18) for d in ("to_slow", "to_fast")})
-    cm = type(cm)(**{**cm.__dict__, "moves": moves, "async_overlap": overlap})
+    cm = type(cm)(**{**cm.__dict__, "moves": moves, "async_overlap": overlap,
+                     "copy_interference": {"to_slow": 0.4, "to_fast": 0.1} if overlap else {}})
     try:
         static = plan(g, cm, budget, "static", mip_gap=1e-6, time_limit=20, arena=False)
     except InfeasibleBudget:

@@ -134,13 +134,16 @@ def test_profile_times_every_kernel_then_hits_the_cache(tiny, memory, tmp_path):
     assert len(cm.kernel_seconds) == len(g.kernels) and all(s > 0 for s in cm.kernel_seconds)
     assert st.measured == unique_keys(g) == st.unique_kernels and st.cache_hits == 0
     assert st.total_kernels == len(g.kernels) > st.unique_kernels
-    # 4 samples of sync, async and host (an async move's own time on this thread), each way
-    assert st.move_samples_measured == 4 * 6
+    # 4 samples of sync, async, host (an async move's own time on this thread) and the
+    # slowdown of computation under an async copy, each way
+    assert st.move_samples_measured == 4 * 8
     for key in (("to_slow", "sync"), ("to_fast", "sync"), ("to_slow", "async"), ("to_fast", "async"),
                 ("to_slow", "host"), ("to_fast", "host")):
         mc = cm.moves[key]
         assert mc.latency_s >= 0 and mc.bandwidth_bytes_per_s > 0
     assert cm.async_host_seconds(1 << 20, "to_fast") > 0 and cm.async_host_seconds(0, "to_fast") == 0
+    assert set(cm.copy_interference) == {"to_slow", "to_fast"}
+    assert all(s >= 0 for s in cm.copy_interference.values())
     # a kernel's time: its signature's time (timed once) + the interpreter's work after it there
     with ProfileCache(path) as db:
         rows = db.kernel_times(db.environment(environment("cpu+file", None, memory.async_engine)))
@@ -152,11 +155,11 @@ def test_profile_times_every_kernel_then_hits_the_cache(tiny, memory, tmp_path):
 
     cm2, st2 = profile(g, memory, path, inputs=inputs, return_stats=True, **SMALL_MOVES)
     assert st2.nothing_new and "nothing new" in st2.message()
-    assert st2.measured == 0 and st2.cache_hits == unique_keys(g) and st2.move_samples_cached == 24
+    assert st2.measured == 0 and st2.cache_hits == unique_keys(g) and st2.move_samples_cached == 32
     assert cm2 == cm
 
     cm3, st3 = profile(g, memory, path, inputs=inputs, return_stats=True, recache=True, **SMALL_MOVES)
-    assert st3.measured == unique_keys(g) and st3.move_samples_measured == 24
+    assert st3.measured == unique_keys(g) and st3.move_samples_measured == 32
     assert CostModel.from_json(cm3.to_json()) == cm3
 
 
@@ -386,3 +389,36 @@ def test_profile_sim_measures_this_machines_peak_once(fake_vgg, tmp_path):
     assert cm2.environment["peak_flops"] == peak  # from the cache
     with pytest.raises(ValueError, match="fake"):
         profile(fake_vgg, "cpu+file", path)
+
+
+def test_workspace_is_profiled_cached_and_planned_around(memory, tmp_path):
+    # convolution (oneDNN reorders) and its backward allocate temporaries of about their
+    # output's size: fast memory the plan must leave free while they run
+    from autotm.capture import capture
+    from autotm.planner import plan
+    from autotm.replay import TrainingState
+    from autotm.tiers import cpu_arena
+    from autotm.validate import validate
+
+    if cpu_arena.load() is None:
+        pytest.skip(f"no C++ toolchain here: {cpu_arena.load.reason}")
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1),
+                      nn.Flatten(), nn.Linear(32 * 32 * 32, 10))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    batch = (torch.randn(4, 16, 32, 32), torch.tensor([1, 3, 0, 2]))
+    g = capture(m, nn.CrossEntropyLoss(), opt, batch, name="convs")
+    inputs = TrainingState(g, m, opt).inputs(batch)
+    cm = profile(g, memory, tmp_path / "c.sqlite", inputs=inputs, **SMALL_MOVES)
+    ws = cm.workspace(len(g.kernels))
+    convs = [k.index for k in g.kernels if k.op.startswith("aten.convolution")]
+    assert len(cm.workspace_bytes) == len(g.kernels) and (ws >= 0).all()
+    assert all(ws[k] > 0 for k in convs)
+    assert max(ws[k] for k in convs) >= 4 * 32 * 32 * 32 * 4 // 2  # about an activation's size
+    again, st = profile(g, memory, tmp_path / "c.sqlite", inputs=inputs, return_stats=True, **SMALL_MOVES)
+    assert st.nothing_new and again.workspace_bytes == cm.workspace_bytes
+    # the plan leaves each kernel's workspace free in the budget
+    p = plan(g, cm, "1:3", "synchronous", time_limit=20, arena=False)
+    rep = validate(p, g, reserved_bytes=ws)
+    assert (rep.fast_bytes + ws).max() <= p.budget_bytes
+    assert p.meta["peak_fast_with_workspace_bytes"] <= p.budget_bytes

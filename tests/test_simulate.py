@@ -105,6 +105,30 @@ def test_two_async_copies_at_one_kernel_add_up():
     assert sim.predicted_seconds == pytest.approx(17.0 + 0.8)
 
 
+def test_a_copy_in_flight_slows_its_kernel():
+    # slowdown 1.0 while writing (g = 1/2 of the copy's time), 0.25 while reading (g = 1/5)
+    g = make_graph([100, 40, 10, 4], [([0], [1]), ([1], [2]), ([2], [3]), ([1, 3], [])], outputs=(3,))
+    cm = CostModel(g.fingerprint, "hand", "staged", (1.0, 2.0, 3.0, 4.0), {}, MOVES, False, {},
+                   copy_interference={"to_slow": 1.0, "to_fast": 0.25})
+    # evict of t1 (40 B / 100 = 0.4 s) over k2 (3 s): k2 loses 0.2 s
+    sim = simulate(plan_with(g, {1: [Action("evict", 2, "async"), Action("prefetch", 3, "sync")]}), g, cm)
+    assert sim.kernel_seconds[2] == pytest.approx(3.2)
+    # a prefetch (40 / 200 = 0.2 s) over k3 (4 s) of a 5-kernel chain: 0.04 s
+    g6 = make_graph([100, 40, 10, 10, 4], [([0], [1]), ([1], [2]), ([2], [3]), ([3], [4]), ([1, 4], [])],
+                    outputs=(4,))
+    cm6 = CostModel(g6.fingerprint, "hand", "staged", (1.0, 2.0, 3.0, 4.0, 5.0), {}, MOVES, False, {},
+                    copy_interference={"to_slow": 1.0, "to_fast": 0.25})
+    sim = simulate(plan_with(g6, {1: [Action("evict", 2, "sync"), Action("prefetch", 3, "async")]}), g6, cm6)
+    assert sim.kernel_seconds[3] == pytest.approx(4.04)
+    # a copy much longer than its kernel: the kernel ends inside it, the copy's time counts
+    g5_ = g5()
+    cm5 = CostModel(g5_.fingerprint, "hand", "staged", KSEC, {}, MOVES, False, {}, copy_interference={"to_slow": 1.0})
+    sim = simulate(plan_with(g5_, {1: [Action("evict", 2, "async"), Action("prefetch", 4, "sync")]}), g5_, cm5)
+    assert sim.kernel_seconds[2] == pytest.approx(10.0)  # max(3, 10, 3 + 5)
+    assert cm5.interference_share() == pytest.approx(0.5) and cm5.interference_share("to_fast") == 0.0
+    assert CostModel.from_json(cm5.to_json()) == cm5
+
+
 def test_async_moves_host_time_is_serial():
     # the issuing thread's own part of an async copy (host: 0.5 + n/1000 to slow, 0.25 to
     # fast) adds to the iteration; no kernel hides it, and the copy itself still overlaps

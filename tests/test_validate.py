@@ -160,6 +160,20 @@ def test_rejects_over_budget_while_kernel_runs():
             "tensor 1 (a1): 100 bytes, tensor 2 (a2): 10 bytes, tensor 0 (w): 8 bytes")
 
 
+def test_rejects_a_kernel_whose_workspace_does_not_fit_besides():
+    g = g5()
+    plan = with_actions(g, {1: [E(2), P(4)]}, budget=120)
+    reserved = [0] * len(g.kernels)
+    reserved[1] = 2  # 118 resident + 2 of workspace: fits exactly
+    assert validate(plan, g, reserved_bytes=reserved).peak_fast_bytes == 118
+    reserved[1] = 3
+    with pytest.raises(PlanError, match=r"at kernel 1 \(f2\), which needs 3 bytes of workspace besides: "
+                                        r"118 bytes resident > budget 120 bytes"):
+        validate(plan, g, reserved_bytes=reserved)
+    with pytest.raises(PlanError, match="reserved bytes for 2 kernels"):
+        validate(plan, g, reserved_bytes=[0, 0])
+
+
 def test_rejects_over_budget_after_sync_moves():
     g = g5()
     rejects(all_fast_plan(g), g, "fast memory over budget before kernel 0 (f1) (after its sync moves): 8 bytes "

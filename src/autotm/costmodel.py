@@ -21,6 +21,9 @@ Produced by `autotm.profile.profile` (measured on a real memory system) or by
   takes on the calling thread itself, serial with the kernels: issuing it (on cpu+file
   the io_submit call, which pins the pages and builds the requests) and collecting its
   completion. Missing (tier specs, GPU copy streams): 0.
+- ``copy_interference[direction]`` (profiled, optional): how much slower a kernel
+  computes while an async copy of that direction is in flight (0.2: its work takes 1.2x as
+  long then; the copy's DMA and completions compete for memory bandwidth and cores).
 - ``workspace_bytes[k]`` (profiled CPU tiers, optional): the bytes kernel k allocates and
   frees while it runs, beyond its outputs (oneDNN's reorder buffers and scratchpads,
   im2col): fast memory the kernel needs that no tensor of the graph names. The planners
@@ -40,6 +43,7 @@ COSTMODEL_VERSION = 1
 DIRECTIONS = ("to_slow", "to_fast")
 MOVE_MODES = ("sync", "async")
 HOST = "host"  # the moves key of an async move's own time on the calling thread
+SLOWDOWN = "slowdown"  # profiler samples (not a moves key): computation slowed by an async copy
 
 
 def operand_tensors(inputs: Iterable[int], outputs: Iterable[int]) -> tuple[int, ...]:
@@ -87,6 +91,7 @@ class CostModel:
     # False: they run one after another (an I/O thread, one copy stream). See async_seconds.
     async_overlap: bool = False
     workspace_bytes: tuple[int, ...] = ()  # per kernel; () = not profiled (0)
+    copy_interference: dict = field(default_factory=dict)  # direction -> slowdown; {} = none
 
     # ---- queries ----------------------------------------------------------------------
     def kernel_time(self, k: int, placement: tuple[str, ...] | None = None) -> float:
@@ -130,6 +135,26 @@ class CostModel:
         if self.workspace_bytes:
             w[:] = self.workspace_bytes
         return w
+
+    def interference_share(self, direction: str | None = None) -> float:
+        """g = s / (1 + s) for slowdown s: the share of an async copy's time its kernel
+        loses while the copy is in flight. None: the larger of the two directions (the
+        one fixed cost of async_seconds is charged at that)."""
+        if direction is None:
+            return max([self.interference_share(d) for d in DIRECTIONS])
+        s = max(0.0, float(self.copy_interference.get(direction, 0.0)))
+        return s / (1.0 + s)
+
+    def async_interference_seconds(self, copies: Iterable[tuple[int, str]]) -> float:
+        """What the async copies at one kernel add to its compute time (module doc of
+        autotm.simulate): sum_m g_m marginal_m + g* max_m (full_m - marginal_m)."""
+        total, extra = 0.0, 0.0
+        for nbytes, direction in copies:
+            full = self.move_seconds(nbytes, direction, "async")
+            marg = self.async_marginal_seconds(nbytes, direction)
+            total += self.interference_share(direction) * marg
+            extra = max(extra, full - marg)
+        return total + self.interference_share() * extra
 
     def async_host_seconds(self, nbytes: int, direction: str) -> float:
         """Seconds an async move of `nbytes` takes on the thread that issues it (issue and
@@ -178,6 +203,7 @@ class CostModel:
                       for (d, m), c in sorted(self.moves.items())],
             "kernel_seconds": list(self.kernel_seconds),
             "workspace_bytes": list(self.workspace_bytes),
+            "copy_interference": dict(self.copy_interference),
             "placement_seconds": {str(k): [[list(p), s] for p, s in table.items()]
                                   for k, table in sorted(self.placement_seconds.items())},
         }
@@ -208,6 +234,7 @@ class CostModel:
                 environment=dict(d.get("environment", {})),
                 async_overlap=bool(d.get("async_overlap", False)),
                 workspace_bytes=tuple(int(x) for x in d.get("workspace_bytes", ())),
+                copy_interference={str(k): float(v) for k, v in d.get("copy_interference", {}).items()},
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed cost model JSON: {e!r}") from None

@@ -44,6 +44,10 @@ allocation counted (`cpu_arena.kernel_footprint`, the arena extension; without i
 workspace is known): the peak of the bytes alive at once minus the bytes still alive
 after it (its outputs) is what the kernel needs beyond its tensors, cached per signature.
 
+Interference: while an async move is timed, this thread runs small matmuls; their slowdown
+against the same matmuls alone is how much a copy in flight slows the kernel it overlaps
+(`CostModel.copy_interference`, the median per direction).
+
 Moves: sync and async seconds of `to_slow` and `to_fast` over sizes 4 KiB .. 64 MiB (async
 ones measured while this thread computes, as the kernel they overlap will),
 fitted per direction and mode as latency + bytes / bandwidth (least squares on relative
@@ -62,6 +66,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import mmap
 import os
 import platform
 import statistics
@@ -75,7 +80,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from .costmodel import DIRECTIONS, HOST, MOVE_MODES, CostModel, MoveCost, operand_tensors
+from .costmodel import DIRECTIONS, HOST, MOVE_MODES, SLOWDOWN, CostModel, MoveCost, operand_tensors
 from .graph import TrainingGraph
 from .profile_cache import ProfileCache
 from .replay import Replay, on_device
@@ -158,7 +163,7 @@ def environment(memory_system: str, device: torch.device | None = None,
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "memory_system": memory_system,
-        "method": 5,  # how moves are timed (5: sizes interleaved; async from its issue to its completion, host time apart)
+        "method": 7,  # how moves are timed (7: sizes interleaved; reads into touched memory; async from its issue to its completion, host time and compute slowdown apart)
     }
     if async_engine is not None:  # cpu+file: Linux AIO or the I/O thread
         env["async_io"] = async_engine
@@ -499,31 +504,37 @@ def _fit_move(points: list[tuple[int, float]]) -> MoveCost:
     return MoveCost(latency_s=float(a), bandwidth_bytes_per_s=float(1.0 / b))
 
 
-def _while_computing(start, a: torch.Tensor):
+def _while_computing(start, a: torch.Tensor, mm_alone: float):
     """Issue an async move (`start()` returns its Pending) and run small matmuls (a @ a)
     on this thread until it is done, as the executor runs a kernel over it. Returns its
     result, its seconds in flight (from the end of the issue to its completion: the worker
     stamps finished_at, AIO the moment the completion was collected, so not rounded up to
-    the next matmul's end), and its seconds on this thread (the issue call, plus the call
-    that saw it done and the wait that built its result)."""
+    the next matmul's end), its seconds on this thread (the issue call, plus the call that
+    saw it done and the wait that built its result), and how much slower the matmuls ran
+    than `mm_alone` seconds each (-1 when fewer than 3 ran: too short to tell)."""
     t0 = time.perf_counter()
     pending = start()
     issued = time.perf_counter()
+    n, busy = 0, 0.0
     while True:
         t_poll = time.perf_counter()
         if pending.done():
             break
         torch.mm(a, a)
+        busy += time.perf_counter() - t_poll
+        n += 1
     result = pending.wait()
     t_end = time.perf_counter()
     end = getattr(pending, "finished_at", None)
     flight = (end if end is not None else t_end) - issued
-    return result, max(flight, 0.0), (issued - t0) + (t_end - t_poll)
+    slowdown = busy / n / mm_alone - 1.0 if n >= 3 else -1.0
+    return result, max(flight, 0.0), (issued - t0) + (t_end - t_poll), slowdown
 
 
-def _host_move_seconds(memory, t: torch.Tensor, load: torch.Tensor) -> dict[tuple[str, str], float]:
-    """Seconds of the four moves of `t` by the host's clock, and the async moves' own
-    seconds on this thread (mode "host"; the issue is not part of the "async" seconds)."""
+def _host_move_seconds(memory, t: torch.Tensor, load: torch.Tensor, mm_alone: float) -> dict[tuple[str, str], float]:
+    """Seconds of the four moves of `t` by the host's clock; the async moves' own seconds on
+    this thread (mode "host"; the issue is not part of the "async" seconds) and the
+    slowdown of the computation they overlapped (mode "slowdown", a ratio, -1: unknown)."""
     got = {}
     # No untimed warm-up round trip: writing the same bytes just before made the timed
     # moves faster than the executor's (the host still held them), and predictions of
@@ -531,20 +542,56 @@ def _host_move_seconds(memory, t: torch.Tensor, load: torch.Tensor) -> dict[tupl
     t0 = time.perf_counter()
     h = memory.to_slow(-1, t)
     got[("to_slow", "sync")] = time.perf_counter() - t0
+    into = _read_destination(memory, h)
     t0 = time.perf_counter()
-    back = memory.to_fast(h)
+    back = memory.to_fast(h) if into is None else memory.to_fast(h, into=into)
     got[("to_fast", "sync")] = time.perf_counter() - t0
     del back
     memory.free_slow(h)
     # async: while this thread computes, as in the executor (the copy competes with
     # the kernel it overlaps for cores and memory bandwidth)
-    h, got[("to_slow", "async")], got[("to_slow", HOST)] = _while_computing(
-        lambda: memory.start_to_slow(-1, t), load)
-    back, got[("to_fast", "async")], got[("to_fast", HOST)] = _while_computing(
-        lambda: memory.start_to_fast(h), load)
-    del back
+    h, got[("to_slow", "async")], got[("to_slow", HOST)], got[("to_slow", SLOWDOWN)] = _while_computing(
+        lambda: memory.start_to_slow(-1, t), load, mm_alone)
+    into = _read_destination(memory, h)
+    back, got[("to_fast", "async")], got[("to_fast", HOST)], got[("to_fast", SLOWDOWN)] = _while_computing(
+        lambda: memory.start_to_fast(h) if into is None else memory.start_to_fast(h, into), load, mm_alone)
+    del back, into
     memory.free_slow(h)
     return got
+
+
+def _read_destination(memory, h) -> torch.Tensor | None:
+    """Where the executor reads a prefetched tensor when it follows the plan's arena
+    (tiers/cpu_arena.py): its slot, page-aligned and already touched. A tier buffer of
+    64 MiB is a fresh mapping each time, and faulting its pages in doubled the measured
+    time of the largest reads. None where the tier reads only into its own buffers."""
+    if not hasattr(memory, "read_span"):
+        return None
+    length, pad = memory.read_span(h)
+    if pad:
+        return None
+    buf = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    dst = torch.frombuffer(buf, dtype=torch.uint8, count=h.storage_nbytes)
+    dst.fill_(0)  # its pages exist, as an arena slot's do after the first iteration
+    return dst
+
+
+def _matmul_seconds(a: torch.Tensor, repeats: int = 30) -> float:
+    """Median seconds of a @ a on this thread with nothing else running."""
+    torch.mm(a, a)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.mm(a, a)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def interference(samples: list[float]) -> float:
+    """A direction's slowdown of computation under its async copies: the median of the
+    samples long enough to tell (>= 0), 0 without any."""
+    good = [x for x in samples if x > -0.999]  # (-1: no matmul finished during the copy)
+    return max(0.0, statistics.median(good)) if good else 0.0
 
 
 def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, repeats=MOVE_REPEATS,
@@ -552,11 +599,11 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
                   stats: ProfileStats | None = None) -> dict[tuple[str, str], MoveCost]:
     """Sync and async seconds of both directions over `sizes`, fitted per direction and
     mode; for host-timed systems also the async moves' seconds on the calling thread
-    (mode "host")."""
+    (mode "host"). Returns (moves, copy interference per direction: {} when device-timed)."""
     have = {} if recache else cache.move_samples(env)
     # a GPU system times its own moves with CUDA events (the host clock sees launches only)
     device_timed = getattr(memory, "move_seconds", None)
-    modes = MOVE_MODES if device_timed is not None else MOVE_MODES + (HOST,)
+    modes = MOVE_MODES if device_timed is not None else MOVE_MODES + (HOST, SLOWDOWN)
     keys = [(d, m) for d in DIRECTIONS for m in modes]
     # repeat-major: each size is sampled across the whole measurement, so a slow spell of
     # the device (its small-request latency here drifted between ~70 and ~300 us over
@@ -565,6 +612,7 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
     missing = [(n, r) for n, r in want if any((d, m, n, r) not in have for d, m in keys)]
     if stats is not None:
         stats.move_samples_cached += len(keys) * (len(want) - len(missing))
+    load = torch.randn(192, 192)
     if missing:
         warm = torch.zeros(sizes[0], dtype=torch.uint8)
         h = memory.to_slow(-1, warm)  # warm-up: files, buffers and the I/O worker exist
@@ -573,10 +621,10 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
         h = memory.start_to_slow(-1, warm).wait()
         memory.start_to_fast(h).wait()
         memory.free_slow(h)
-    load = torch.randn(192, 192)
+        mm_alone = _matmul_seconds(load)
     for n, r in missing:
         t = torch.randint(0, 255, (n,), dtype=torch.uint8)
-        got = device_timed(t) if device_timed is not None else _host_move_seconds(memory, t, load)
+        got = device_timed(t) if device_timed is not None else _host_move_seconds(memory, t, load, mm_alone)
         for (d, m), s in got.items():
             cache.put_move(env, d, m, n, r, s)
             have[(d, m, n, r)] = s
@@ -584,7 +632,8 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
             stats.move_samples_measured += len(got)
         if progress is not None:
             progress(f"move {n >> 10} KiB")
-    return {(d, m): _move_cost([(n, have[(d, m, n, r)]) for n, r in want]) for d, m in keys}
+    return {(d, m): _move_cost([(n, have[(d, m, n, r)]) for n, r in want]) for d, m in keys if m != SLOWDOWN}, \
+        {d: interference([have[(d, SLOWDOWN, n, r)] for n, r in want]) for d in DIRECTIONS if SLOWDOWN in modes}
 
 
 def _move_cost(points: list[tuple[int, float]]) -> MoveCost:
@@ -707,8 +756,8 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
             stats.measured += 1
             tick(graph.kernels[k].op)
 
-        moves = measure_moves(memory, db, env, sizes=move_sizes, repeats=move_repeats, recache=recache,
-                              stats=stats, progress=tick)
+        moves, slowdown = measure_moves(memory, db, env, sizes=move_sizes, repeats=move_repeats, recache=recache,
+                                        stats=stats, progress=tick)
         done[0] = max(done[0], n_move)
         if progress is not None:
             progress(done[0], total, "moves")
@@ -779,7 +828,8 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
                        # Linux AIO keeps a kernel's copies in flight together
                        async_overlap=getattr(memory, "async_engine", None) == "aio",
                        workspace_bytes=tuple(workspace.get(k.signature, 0) for k in graph.kernels)
-                       if workspace else ())
+                       if workspace else (),
+                       copy_interference=slowdown)
         return cm, stats
     finally:
         if owned:

@@ -4,7 +4,7 @@ This module is THE definition of a plan's predicted iteration time. It walks the
 timeline of `autotm.plan` with `autotm.validate.PlanReplay` (so a plan the validator
 rejects is rejected here too) and charges, with c = cost_model:
 
-    T = T_in + sum_k [ S_k + H_k + max(K_k, A_k) ] + T_out
+    T = T_in + sum_k [ S_k + H_k + max(K_k, A_k, K_k + I_k) ] + T_out
 
     S_k  = sum over sync moves m at k of c.move_seconds(m.nbytes, dir(m), "sync")
            dir(evict) = "to_slow", dir(prefetch) = "to_fast", drop costs 0
@@ -21,6 +21,13 @@ rejects is rejected here too) and charges, with c = cost_model:
            (the copies at one kernel together overlap kernel k; with c.async_overlap
            (Linux AIO) they are in flight together and only one's fixed cost shows, else
            they run one after another and A_k is the plain sum of their times)
+    I_k  = c.async_interference_seconds(async moves m at k)
+         = sum_m g(dir(m)) marginal_m + g* max_m [full_m - marginal_m]
+           the compute kernel k loses while its copies are in flight: with slowdown s
+           (c.copy_interference) it does 1 / (1 + s) of its work per second then, so a
+           copy of A seconds costs it g A = s / (1 + s) A; if K (1 + s) <= A the kernel
+           ends inside the copy and A_k alone counts (max of the three); g* is the larger
+           direction's g
     T_in = sum over graph inputs that start slow and are not carried between iterations
            (the batch, per-iteration scalars) of c.move_seconds(nbytes, "to_slow", "sync")
            (the executor writes them to slow memory when it places the inputs)
@@ -30,7 +37,7 @@ rejects is rejected here too) and charges, with c = cost_model:
            for every other graph output that is not in fast memory at the end:
            c.move_seconds(nbytes, "to_fast", "sync")
 
-`Simulation.kernel_seconds[k]` is max(K_k, A_k), the effective time of kernel k with its
+`Simulation.kernel_seconds[k]` is max(K_k, A_k, K_k + I_k), the effective time of kernel k with its
 overlapping copies; `sync_move_seconds` is sum_k S_k + T_in + T_out; `async_host_seconds`
 is sum_k H_k. `fast_bytes[k]` is
 the fast-tier bytes while kernel k runs (the validator's step-3 value).
@@ -123,6 +130,7 @@ def simulate(plan: Plan, graph: TrainingGraph, cost_model: CostModel) -> Simulat
         s = sum(_move_seconds(cm, m, "sync") for m in step.sync_moves)
         copies = [(m.nbytes, _DIRECTION[m.action.kind]) for m in step.async_moves if m.action.kind in _DIRECTION]
         a = cm.async_seconds(copies)
+        slowed = cm.async_interference_seconds(copies) if copies else 0.0
         host_total += sum(cm.async_host_seconds(nb, d) for nb, d in copies)
         placement = None
         if direct and step.slow_operands:
@@ -130,7 +138,7 @@ def simulate(plan: Plan, graph: TrainingGraph, cost_model: CostModel) -> Simulat
             slow = set(step.slow_operands)
             placement = tuple("slow" if t in slow else "fast" for t in operand_tensors(kern.inputs, kern.outputs))
         kt = cm.kernel_time(k, placement)
-        eff[k] = max(kt, a)
+        eff[k] = max(kt, a, kt + slowed)
         sync_total += s
         async_total += a
         fast[k] = step.fast_bytes

@@ -35,7 +35,8 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
          window: int = 15, time_limit: float = 60.0, mip_gap: float = 0.01, pin_params: bool = False,
          warm_start: bool = True, threads: int | None = None, verbose: bool = False, arena: bool = True,
          defrag_retries: int = 3) -> Plan:
-    """Plan `graph` for `budget` (bytes, "6GB", or a slow:fast ratio like "4:1").
+    """Plan `graph` for `budget` (bytes, "6GB", or a slow:fast ratio like "4:1" of the
+    all-fast footprint: the most bytes live at one kernel, plus its workspace if profiled).
 
     Args:
         formulation: "synchronous" or "asynchronous" (the ILP), "static" (direct-access
@@ -75,14 +76,16 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
                 delta[t.live[0]] += t.nbytes
                 delta[t.live[1] + 1] -= t.nbytes
         extra = np.cumsum(delta[:-1])
-    # a ratio is of the bytes the plan decides on: with pinned tensors, the paper's U
-    base = int((graph.live_bytes - extra).max()) if extra is not None else graph.peak_live_bytes
     # each kernel's workspace (profiled) takes its share of the budget while it runs: the
     # solvers' capacity at k is budget + pinned bytes - workspace
     workspace = cost_model.workspace(len(graph.kernels))
     solver_extra = extra
     if workspace.any():
         solver_extra = (extra if extra is not None else 0) - workspace
+    # a ratio is of the bytes the plan decides on, what an all-fast iteration holds at its
+    # busiest kernel (workspace included, so 1:0 needs no move): with pinned tensors, the paper's U
+    held = graph.live_bytes - extra if extra is not None else graph.live_bytes
+    base = int((held + workspace).max()) if len(held) else 0
     budget_bytes = base if (budget is None and formulation == "all-fast") else parse_budget(budget, base)
     validation_budget = budget_bytes + (int(extra.max()) if extra is not None else 0)
     limit = None if formulation in ("all-fast", "all-slow") else validation_budget

@@ -32,7 +32,8 @@ first), a state at each use and the moves between consecutive uses.
                   R = 1 - s[t,i] - wA - dA + sum_{c >= j} wX + sum_{c <= j} pX inside a gap
     kernel time:  K_k = sum_c time(k, c) v[k,c] (or the additive model)
     async:        y[k] >= K_k,  y[k] >= the async copies at k (ilp.add_async_overlap: one copy's
-                  fixed cost and the others' bytes, or the plain sum when copies do not overlap)
+                  fixed cost and the others' bytes, or the plain sum when copies do not overlap),
+                  y[k] >= K_k + the compute the copies cost it (ilp.add_async_slowdown)
 
   Objective (what autotm.simulate computes for the decoded plan)
     min  sum_{k without async} K_k + sum_{k with async} y[k] + sync copies (+ T_in)
@@ -54,6 +55,7 @@ from ..costmodel import CostModel, operand_tensors
 from ..graph import TrainingGraph
 from ..plan import Action, Plan, TensorPlan
 from .ilp import MARGIN_BYTES, SCALE, ILPStats, InfeasibleBudget, _candidates, _Rows, _Vars, add_async_overlap, \
+    add_async_slowdown, \
     capacity_chain, set_async_overlap, \
     default_min_tensor_bytes, highs_model, solve_model
 from .segments import carried_pairs
@@ -121,6 +123,8 @@ def solve_direct(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     V, R = _Vars(), _Rows()
     cap_iv: list[tuple[int, int, int, float]] = []
     async_terms: dict[int, list[tuple[int, float, float]]] = {}  # kernel -> (col, full, marginal)
+    shares: dict[int, list[float]] = {}  # kernel -> per async term, its interference share
+    g_read, g_write = cost.interference_share("to_fast"), cost.interference_share("to_slow")
 
     def cap_add(j0: int, j1: int, col: int, coef: float) -> None:
         if j1 >= j0:
@@ -169,6 +173,7 @@ def solve_direct(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                     for c in _candidates(range(lo, min(lo + window - 1, hi) + 1), T, w_async, candidates):
                         g.wX[c] = new(w_host)
                         async_terms.setdefault(c, []).append((g.wX[c], w_async, w_async_m))
+                        shares.setdefault(c, []).append(g_write)
                         cap_add(lo, c, g.wX[c], s)
                         evict.append(g.wX[c])
                 R.add("evict choice", evict + [g.wA], [1.0] * len(evict) + [-1.0], 0.0, 0.0)
@@ -188,6 +193,7 @@ def solve_direct(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                 for c in _candidates(range(max(lo, hi + 1 - window), hi + 1), T, r_async, candidates):
                     g.pX[c] = new(r_host)
                     async_terms.setdefault(c, []).append((g.pX[c], r_async, r_async_m))
+                    shares.setdefault(c, []).append(g_read)
                     cap_add(c, hi, g.pX[c], s)
                     pre.append(g.pX[c])
             R.add("flow", flow_cols + pre, flow_vals + [1.0] * len(pre), 0.0, 0.0)
@@ -236,6 +242,7 @@ def solve_direct(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
             y[k] = col = int(V.add(1, cost=1.0, lower=0.0, upper=np.inf, integer=False)[0])
             z[k] = add_async_overlap(V, R, col, async_terms[k])
             R.add("async overlap", [c for c, _ in terms] + [col], [v for _, v in terms] + [-1.0], -np.inf, -const)
+            add_async_slowdown(R, col, z[k], async_terms[k], shares[k], cost.interference_share(), const, terms)
         else:
             constant += const
             for col, coef in terms:
@@ -252,7 +259,8 @@ def solve_direct(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     stats.binaries = int(np.concatenate(V.integer).sum())
     stats.rows, stats.nonzeros = R.n, len(lp.a_matrix_.value_)
     stats.build_seconds = time.perf_counter() - t_build
-    x0 = _warm_start_vector(warm_start, V.n, tv, configs, (y, z), async_terms) if warm_start else None
+    x0 = (_warm_start_vector(warm_start, V.n, tv, configs, (y, z), async_terms, shares, cost.interference_share())
+          if warm_start else None)
     x0 = fill(x0) if x0 is not None else None
     x = solve_model(h, highspy, lp, x0, constant, time_limit, stats)
     if x is None:
@@ -297,7 +305,8 @@ def _decode(graph: TrainingGraph, cost: CostModel, budget: int, formulation: str
                 tensors=tuple(tensors), meta={})
 
 
-def _warm_start_vector(plan: Plan, nvars: int, tv: dict[int, _Tensor], configs, yz, async_terms):
+def _warm_start_vector(plan: Plan, nvars: int, tv: dict[int, _Tensor], configs, yz, async_terms,
+                       shares, share_max):
     """A full assignment reproducing `plan` (a static, first-touch, lru or synchronous plan),
     or None when the plan uses moves this model cannot express (HiGHS then starts cold).
     Sync leaves are moved to the start of their gap and sync prefetches to its end: the
@@ -369,7 +378,8 @@ def _warm_start_vector(plan: Plan, nvars: int, tv: dict[int, _Tensor], configs, 
     y, z = yz
     for k, col in y.items():
         ops, const, terms, _ = configs[k]
-        set_async_overlap(x, col, z[k], async_terms[k], const + sum(c * x[t] for t, c in terms))
+        set_async_overlap(x, col, z[k], async_terms[k], const + sum(c * x[t] for t, c in terms),
+                          shares[k], share_max)
     return x
 
 

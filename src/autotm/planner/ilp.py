@@ -30,6 +30,8 @@ Notation (one tensor t of size s_t, one movable segment g of it; see segments.py
                          over the copies m at c (x_m = wX[.,c] or pX[.,c], m_m = m(s, dir, async),
                          a_m = its marginal, CostModel.async_marginal_seconds): one copy's fixed
                          cost and the others' bytes (= the plain sum when copies do not overlap)
+    async slowdown:      y[c] >= T_c + sum_m g_m a_m x_m + g* z[c]   (the kernel computes slower
+                         while copies are in flight; g = CostModel.interference_share)
 
   Objective (predicted iteration seconds, exactly what autotm.simulate computes):
     min  sum_{c without async} T_c + sum_{c with async} y[c]
@@ -181,13 +183,32 @@ def add_async_overlap(V: "_Vars", R: "_Rows", y: int, terms: list[tuple[int, flo
     return z if extra else None
 
 
-def set_async_overlap(x, y: int, z: int | None, terms: list[tuple[int, float, float]], floor: float) -> None:
-    """Warm starts: the y (at least `floor`) and z values add_async_overlap needs for the
-    move choices already in x."""
+def add_async_slowdown(R: "_Rows", y: int, z: int | None, terms: list[tuple[int, float, float]],
+                       shares: list[float], share_max: float, kernel_const: float,
+                       kernel_terms: list[tuple[int, float]] = ()) -> None:
+    """y >= K + sum_m g_m a_m x_m + g* z: the kernel computes slower while its copies are in
+    flight (CostModel.async_interference_seconds); K = kernel_const + sum coef x over
+    kernel_terms (direct access: the placement's time). Nothing when no copy slows it."""
+    if not any(shares) and not (z is not None and share_max):
+        return
+    cols = [c for c, _ in kernel_terms] + [t for t, _, _ in terms] + [y]
+    vals = [v for _, v in kernel_terms] + [g * a for (_, _, a), g in zip(terms, shares)] + [-1.0]
+    if z is not None:
+        cols.append(z)
+        vals.append(share_max)
+    R.add("async slowdown", cols, vals, -np.inf, -kernel_const)
+
+
+def set_async_overlap(x, y: int, z: int | None, terms: list[tuple[int, float, float]], floor: float,
+                      shares: list[float] | None = None, share_max: float = 0.0) -> None:
+    """Warm starts: the y (at least `floor`, the kernel's time) and z values
+    add_async_overlap and add_async_slowdown need for the move choices already in x."""
     extra = max([(full - a) * x[t] for t, full, a in terms], default=0.0)
     if z is not None:
         x[z] = extra
-    x[y] = max(floor, sum(a * x[t] for t, _, a in terms) + extra)
+    copies = sum(a * x[t] for t, _, a in terms)
+    slowed = sum(g * a * x[t] for (t, _, a), g in zip(terms, shares or [0.0] * len(terms))) + share_max * extra
+    x[y] = max(floor, copies + extra, floor + slowed)
 
 
 def _candidates(kernels: range, T: np.ndarray, copy_seconds: float, limit: int) -> list[int]:
@@ -262,6 +283,8 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     seg_vars: dict[tuple[int, int], _SegVars] = {}
     start_slow: dict[int, int] = {}
     async_terms: dict[int, list[tuple[int, float, float]]] = {}  # kernel -> (col, full, marginal)
+    shares: dict[int, list[float]] = {}  # kernel -> per async term, its interference share g
+    g_read, g_write = cost.interference_share("to_fast"), cost.interference_share("to_slow")
     # capacity terms as intervals: variable `col` adds `coef` bytes at kernels j0..j1
     cap_iv: list[tuple[int, int, int, float]] = []
     cap_const = graph.live_bytes.astype(np.float64).copy()
@@ -295,6 +318,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                         col = int(V.add(1, cost=r_host)[0])
                         sv.pX[c] = col
                         async_terms.setdefault(c, []).append((col, r_async, r_async_m))
+                        shares.setdefault(c, []).append(g_read)
                         cap_add(c, hi, col, s)
                         choice.append(col)
                 Rw.add("prefetch choice", choice + [st], [1.0] * len(choice) + [-1.0], 0.0, 0.0)
@@ -314,6 +338,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                     col = int(V.add(1, cost=w_host)[0])
                     sv.wX[c] = col
                     async_terms.setdefault(c, []).append((col, w_async, w_async_m))
+                    shares.setdefault(c, []).append(g_write)
                     cap_add(lo, c, col, s)
                     evict.append(col)
             Rw.add("evict choice", evict + [sv.wA], [1.0] * len(evict) + [-1.0], 0.0, 0.0)
@@ -329,6 +354,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                         col = int(V.add(1, cost=r_host)[0])
                         sv.pX[c] = col
                         async_terms.setdefault(c, []).append((col, r_async, r_async_m))
+                        shares.setdefault(c, []).append(g_read)
                         cap_add(c, hi, col, s)
                         pre.append(col)
                 Rw.add("prefetch choice", pre + [sv.wA, sv.dA], [1.0] * len(pre) + [-1.0, -1.0], 0.0, 0.0)
@@ -356,6 +382,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
         col = int(V.add(1, cost=1.0, lower=T[c], upper=np.inf, integer=False)[0])
         y[c] = col
         z[c] = add_async_overlap(V, Rw, col, terms)
+        add_async_slowdown(Rw, col, z[c], terms, shares[c], cost.interference_share(), T[c])
     constant_time = float(sum(T[c] for c in range(n) if c not in y))
 
     rhs = (budget + extra.astype(np.float64) - cap_const - MARGIN_BYTES) / SCALE
@@ -373,7 +400,8 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     stats.rows, stats.nonzeros = Rw.n, len(lp.a_matrix_.value_)
     stats.build_seconds = time.perf_counter() - t_build
 
-    x0 = _warm_start_vector(warm_start, V.n, seg_vars, start_slow, (y, z), T, async_terms) if warm_start else None
+    x0 = (_warm_start_vector(warm_start, V.n, seg_vars, start_slow, (y, z), T, async_terms,
+                             shares, cost.interference_share()) if warm_start else None)
     x0 = fill(x0) if x0 is not None else None
     x = solve_model(h, highspy, lp, x0, constant_time, time_limit, stats)
     if x is None:
@@ -584,7 +612,7 @@ def _prefetch(sv: _SegVars, x, use: int) -> Action:
     return Action("prefetch", async_c[0], "async") if async_c else Action("prefetch", use, "sync")
 
 
-def _warm_start_vector(plan: Plan, n: int, seg_vars, start_slow, yz, T, async_terms):
+def _warm_start_vector(plan: Plan, n: int, seg_vars, start_slow, yz, T, async_terms, shares, share_max):
     """A full assignment of the ILP's variables that reproduces `plan`, or None if the plan
     uses moves the formulation cannot express (then HiGHS starts cold)."""
     x = np.zeros(n)
@@ -632,5 +660,5 @@ def _warm_start_vector(plan: Plan, n: int, seg_vars, start_slow, yz, T, async_te
             x[col] = 1
     y, z = yz
     for c, col in y.items():
-        set_async_overlap(x, col, z[c], async_terms[c], T[c])
+        set_async_overlap(x, col, z[c], async_terms[c], T[c], shares[c], share_max)
     return x
