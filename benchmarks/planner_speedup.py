@@ -52,6 +52,7 @@ def main() -> None:
     planners = (PLANNERS + (("synchronous*", "asynchronous*") if args.untrimmed else ())
                 + (("synchronous-heap", "asynchronous-heap") if args.heap else ()))
     rows = []
+    predicted = {}  # (model, ratio, planner) -> the planner's predicted seconds / all-fast's
     print(f"{'model':<34} {'ratio':>5} {'planner':<17} {'measured s':>10} {'/all-fast':>9} {'predicted s':>11} {'moved MiB':>9}",
           flush=True)
     with make_memory_system("cpu+file") as ms:
@@ -87,6 +88,7 @@ def main() -> None:
                         continue
                     t = r.report.measured_seconds
                     rows.append((w.name, ratio, planner, t / t_fast))
+                    predicted[(w.name, ratio, planner)] = p.meta["predicted_seconds"] / fast.plan.meta["predicted_seconds"]
                     moved = (r.report.bytes_to_slow + r.report.bytes_to_fast) / 2**20
                     print(f"{w.name:<34} {ratio:>5} {planner:<17} {t:>10.3f} {t / t_fast:>9.2f} "
                           f"{p.meta['predicted_seconds']:>11.3f} {moved:>9.0f}", flush=True)
@@ -102,6 +104,10 @@ def main() -> None:
             gm = math.exp(sum(math.log(v) for v in c.values()) / len(c))
             print(f"{'' if name != 'asynchronous' else chr(10)}{name} / all-fast, geometric mean over {len(c)} "
                   f"feasible cells: {gm:.3f}" + (" (target <= 1.25)" if name == "asynchronous" else ""))
+            pc = [predicted[(m, r, name)] for m, r in c if (m, r, name) in predicted]
+            if pc:
+                print(f"  predicted by the planner (its seconds / all-fast's predicted): geometric mean "
+                      f"{math.exp(sum(math.log(v) for v in pc) / len(pc)):.3f}")
     for base in ("first-touch", "lru"):
         b = cells(base, ("4:1", "8:1"))
         both = [k for k in b if k in a]

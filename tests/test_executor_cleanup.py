@@ -158,13 +158,17 @@ plan = evict_all_activations_plan(graph, sys.argv[2])
 s = ExecutorSession(graph, plan, memory, model, opt, budget_bytes=validate(plan, graph).peak_fast_bytes)
 s.step(small_batch())
 print("READY", memory.directory, flush=True)
+batch = small_batch()
 try:
     while True:
-        s.step(small_batch())
-except KeyboardInterrupt:
+        s.step(batch)
+except KeyboardInterrupt as e:
+    import traceback
+    # (a Ctrl-C between iterations leaves a consistent session; one inside ends it)
+    inside = any(f.name == "run_iteration" for f in traceback.extract_tb(e.__traceback__))
     try:
         s.report()
-        print("REPORTED", flush=True)
+        print("REPORTED", inside, memory.slow_bytes_in_use(), flush=True)
     except SessionFailed:
         print("NO REPORT", memory.slow_bytes_in_use(), flush=True)
     raise
@@ -193,6 +197,8 @@ def test_ctrl_c_mid_run_exits_non_zero_and_leaves_no_slow_directory(tmp_path, mo
             p.wait()
     assert p.returncode != 0
     assert "KeyboardInterrupt" in err
-    assert "NO REPORT 0" in out and "REPORTED" not in out
+    # interrupted inside an iteration (nearly always: it is where the time goes): no report,
+    # and nothing of the iteration left in slow memory; between iterations: a report
+    assert "NO REPORT 0" in out or "REPORTED False 0" in out, out
     assert not os.path.exists(private)
     assert os.listdir(slow) == []

@@ -37,6 +37,7 @@ trimmed only when that passes the same bound (measured on resnet50 at the cpu pr
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -626,20 +627,19 @@ class Executor(Replay):
             self.moves.append(MoveRecord(tid, a.kind, "sync", k, self.nbytes[tid], time.perf_counter() - t0))
         for tid, a in self.async_at[k]:  # step 2
             t0 = time.perf_counter()
+            # registered before it starts, so that a Ctrl-C right after the start leaves no
+            # move in flight that the cleanup (_finish_iteration) does not wait for
+            entry = [tid, a, None, t0]
+            self._pending.append(entry)
             if a.kind == "prefetch":
                 into = self._read_target(tid, k)
-                pending = (self.memory.start_to_fast(self.slow[tid]) if into is None
-                           else self.memory.start_to_fast(self.slow[tid], into))
+                entry[2] = (self.memory.start_to_fast(self.slow[tid]) if into is None
+                            else self.memory.start_to_fast(self.slow[tid], into))
                 self.fast.add(tid)  # the destination is held from the start
                 self.fast_bytes += self.nbytes[tid]
-                self._pending.append((tid, a, pending, t0))
                 self._check_budget(k)
-                continue
             elif a.kind == "evict":
-                pending = self.memory.start_to_slow(tid, self.env[tid])
-            else:
-                pending = None
-            self._pending.append((tid, a, pending, t0))
+                entry[2] = self.memory.start_to_slow(tid, self.env[tid])
 
     def run_kernel(self, k: int) -> None:
         """Step 3: run kernel k, its outputs allocated in their initial tier."""
@@ -807,71 +807,81 @@ class Executor(Replay):
             self.arena = cpu_arena.CpuArena(self._arena_bytes)
         arena_on = self.arena is not None
         counts0 = self.arena.stats() if arena_on else None
-        try:
-            self.place_inputs(inputs)
-            if arena_on and isinstance(inputs, dict):
-                # the executor owns the inputs now: each one's bytes free up when it dies here
-                # (and the next tensor planned there gets them)
-                inputs.clear()
-            if rss is not None:
-                if floor is None:  # the process's RSS before any tensor of the iteration exists
-                    floor = rss() - self.fast_bytes
-                rss_bound = floor + self.budget + RSS_SLACK_BYTES
-            for k in range(n):
-                # (with an arena, kernels' temporaries and misplaced outputs grow the heap:
-                # look before every kernel)
-                if rss is not None and (incoming[k] or arena_on) and rss() + incoming[k] > rss_bound:
-                    trim_heap()
-                if has_moves[k]:
-                    self.before_kernel(k)
-                elif cache_ctl is not None and cache_ctl[0]() > self.cache_headroom[k]:
-                    cache_ctl[1]()
-                self.execute_kernel(k)
-                if self._pending:
-                    self.after_kernel(k)
-                for tid in kernels[k].frees:
-                    if tid not in keep:
-                        self.free(tid)
-                    elif tid in self.fast:
-                        # kept only so the caller can inspect it (verification): outside the
-                        # plan, so outside the budget account from its planned death on
-                        self.fast.remove(tid)
-                        self.fast_bytes -= nbytes[tid]
-            out: dict[int, torch.Tensor | SlowHandle] = {}
-            slow_inputs = {key for key, tid in p.input_keys if self.initial.get(tid) == "slow"}
-            for key, tid in p.output_keys.items():
-                if key in slow_inputs:  # carry: the next iteration reads it from slow memory
-                    if tid in self.slow:
-                        out[tid] = self.slow.pop(tid)
+        with _CtrlCBetweenKernels() as ctrl_c:
+            try:
+                self.place_inputs(inputs)
+                if arena_on and isinstance(inputs, dict):
+                    # the executor owns the inputs now: each one's bytes free up when it dies here
+                    # (and the next tensor planned there gets them)
+                    inputs.clear()
+                if rss is not None:
+                    if floor is None:  # the process's RSS before any tensor of the iteration exists
+                        floor = rss() - self.fast_bytes
+                    rss_bound = floor + self.budget + RSS_SLACK_BYTES
+                for k in range(n):
+                    if ctrl_c.hit:
+                        raise KeyboardInterrupt
+                    # (with an arena, kernels' temporaries and misplaced outputs grow the heap:
+                    # look before every kernel)
+                    if rss is not None and (incoming[k] or arena_on) and rss() + incoming[k] > rss_bound:
+                        trim_heap()
+                    if has_moves[k]:
+                        self.before_kernel(k)
+                    elif cache_ctl is not None and cache_ctl[0]() > self.cache_headroom[k]:
+                        cache_ctl[1]()
+                    self.execute_kernel(k)
+                    if self._pending:
+                        self.after_kernel(k)
+                    for tid in kernels[k].frees:
+                        if tid not in keep:
+                            self.free(tid)
+                        elif tid in self.fast:
+                            # kept only so the caller can inspect it (verification): outside the
+                            # plan, so outside the budget account from its planned death on
+                            self.fast.remove(tid)
+                            self.fast_bytes -= nbytes[tid]
+                out: dict[int, torch.Tensor | SlowHandle] = {}
+                slow_inputs = {key for key, tid in p.input_keys if self.initial.get(tid) == "slow"}
+                for key, tid in p.output_keys.items():
+                    if key in slow_inputs:  # carry: the next iteration reads it from slow memory
+                        if tid in self.slow:
+                            out[tid] = self.slow.pop(tid)
+                        else:
+                            t0 = time.perf_counter()
+                            out[tid] = self.memory.to_slow(tid, self.env[tid])
+                            self.to_slow_bytes += nbytes[tid]
+                            self.moves.append(MoveRecord(tid, "carry", "sync", n, nbytes[tid], time.perf_counter() - t0))
+                            self._release_fast(tid)
                     else:
-                        t0 = time.perf_counter()
-                        out[tid] = self.memory.to_slow(tid, self.env[tid])
-                        self.to_slow_bytes += nbytes[tid]
-                        self.moves.append(MoveRecord(tid, "carry", "sync", n, nbytes[tid], time.perf_counter() - t0))
-                        self._release_fast(tid)
-                else:
-                    out[tid] = self.storage_value(tid) if tid in self.env else self.memory.to_fast(self.slow[tid])
-            for tid in keep:
-                if tid in self.env:
-                    out[tid] = self.env[tid]
-                elif tid in self.slow:  # kept for inspection, last seen in slow memory
-                    out[tid] = self.memory.to_fast(self.slow[tid])
-            self.slow = {t: h for t, h in self.slow.items() if t not in self._borrowed}
-            if arena_on:
-                _live, placed, passed, temps = self.arena.stats()
-                self._arena_stats = dict(arena_bytes=self.arena.nbytes,
-                                         outputs_placed=placed - counts0[1], passed=passed - counts0[2],
-                                         temporaries_placed=temps - counts0[3], inputs_copied=self.arena_copies,
-                                         outputs_copied_bytes=self.arena_settled_bytes,
-                                         large_outputs_bytes=self.arena_large_bytes[0],
-                                         large_outputs_in_arena_bytes=self.arena_large_bytes[1])
-            return out
-        except BaseException:
-            # slow copies handed out as carried outputs belong to the caller only on success
-            self._discard_outputs(locals().get("out"))
-            raise
-        finally:
-            self._finish_iteration()
+                        out[tid] = self.storage_value(tid) if tid in self.env else self.memory.to_fast(self.slow[tid])
+                for tid in keep:
+                    if tid in self.env:
+                        out[tid] = self.env[tid]
+                    elif tid in self.slow:  # kept for inspection, last seen in slow memory
+                        out[tid] = self.memory.to_fast(self.slow[tid])
+                self.slow = {t: h for t, h in self.slow.items() if t not in self._borrowed}
+                if arena_on:
+                    _live, placed, passed, temps = self.arena.stats()
+                    self._arena_stats = dict(arena_bytes=self.arena.nbytes,
+                                             outputs_placed=placed - counts0[1], passed=passed - counts0[2],
+                                             temporaries_placed=temps - counts0[3], inputs_copied=self.arena_copies,
+                                             outputs_copied_bytes=self.arena_settled_bytes,
+                                             large_outputs_bytes=self.arena_large_bytes[0],
+                                             large_outputs_in_arena_bytes=self.arena_large_bytes[1])
+                if ctrl_c.hit:
+                    raise KeyboardInterrupt
+            except BaseException:
+                # slow copies handed out as carried outputs belong to the caller only on success
+                self._discard_outputs(locals().get("out"))
+                raise
+            finally:
+                self._finish_iteration()
+            if ctrl_c.hit:  # during the cleanup: nothing of the iteration goes to the caller
+                for v in out.values():
+                    if isinstance(v, SlowHandle):
+                        self.memory.free_slow(v)
+                raise KeyboardInterrupt
+        return out
 
     def _discard_outputs(self, out) -> None:
         for tid, v in (out or {}).items():
@@ -905,6 +915,33 @@ class Executor(Replay):
         self.env.clear()
         self.fast = set()
         self.keep = set()
+
+
+class _CtrlCBetweenKernels:
+    """Within an iteration a Ctrl-C takes effect before the next kernel (or after the last):
+    one landing between an I/O completion and its bookkeeping left a move the cleanup
+    waited for forever, or a slow extent nobody freed. A second Ctrl-C interrupts at once.
+    Only on the main thread, and only over Python's default handler."""
+
+    def __init__(self) -> None:
+        self.hit = False
+        self._old = None
+
+    def __enter__(self) -> "_CtrlCBetweenKernels":
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            self._old = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def _handler(self, signum, frame) -> None:
+        if self.hit:
+            raise KeyboardInterrupt
+        self.hit = True
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+        return False
 
 
 class ExecutorSession:
@@ -997,6 +1034,14 @@ class ExecutorSession:
             loss_value = float(loss)
         except BaseException as e:
             self.failed = e
+            # (interrupted after the iteration: its slow outputs not yet carried are ours)
+            carried = {id(v) for v in self.carried.values()}
+            for v in (locals().get("out") or {}).values():
+                if isinstance(v, SlowHandle) and id(v) not in carried:
+                    try:
+                        self.memory.free_slow(v)
+                    except Exception:
+                        pass
             self.close()
             raise
         self.iteration_seconds.append(seconds)

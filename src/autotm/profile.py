@@ -1083,6 +1083,8 @@ def profile_command(models: list[str], preset: str | None = None, batch: int | N
             "predicted_all_fast_seconds": round(cm.total_kernel_seconds, 6),
             "moves": {f"{d}/{m}": {"latency_s": c.latency_s, "bandwidth_bytes_per_s": c.bandwidth_bytes_per_s}
                       for (d, m), c in cm.moves.items()},
+            "peak_workspace_bytes": max(cm.workspace_bytes, default=0),
+            "copy_interference": dict(cm.copy_interference),
             "cache": stats.cache_path, "message": stats.message(),
         })
         if stats.cache_rebuilt:
@@ -1091,11 +1093,13 @@ def profile_command(models: list[str], preset: str | None = None, batch: int | N
         print(json.dumps(rows, indent=2))
         return rows
     t = Table(title=f"profile on {memory}")
-    for col in ("workload", "kernels", "unique", "measured", "cache hits", "seconds", "all-fast (pred.)"):
+    for col in ("workload", "kernels", "unique", "measured", "cache hits", "seconds", "all-fast (pred.)",
+                "max workspace"):
         t.add_column(col, justify="left" if col == "workload" else "right")
     for r in rows:
         t.add_row(r["workload"], str(r["kernels"]), str(r["unique_kernels"]), str(r["measured"]),
-                  str(r["cache_hits"]), f"{r['total_seconds']:.1f}", f"{r['predicted_all_fast_seconds']:.3f} s")
+                  str(r["cache_hits"]), f"{r['total_seconds']:.1f}", f"{r['predicted_all_fast_seconds']:.3f} s",
+                  f"{r['peak_workspace_bytes'] / 2**20:.1f} MiB")
     out.print(t)
     for r in rows:
         out.print(f"{r['workload']}: {r['message']}")

@@ -104,13 +104,17 @@ class AioPending(Pending):
     def wait(self, timeout: float | None = None):
         with self._lock:
             if not self._event.is_set():
-                results = self._ctx.wait(self._tokens, timeout)
+                # the completions stay with the context until this move is finished: a
+                # Ctrl-C between collecting them and building the result must not leave a
+                # later wait() (the executor's cleanup) waiting for them forever
+                results = self._ctx.wait(self._tokens, timeout, forget=False)
                 try:
                     value = self._complete(results)
                 except BaseException as e:  # handed to every waiter, as the worker does
                     self._finish(error=e)
                 else:
                     self._finish(value)
+                self._ctx.forget(self._tokens)
                 self.finished_at = max((when for _, when in results), default=self.finished_at)
         return super().wait(0)
 
@@ -479,9 +483,11 @@ class FileMemorySystem(MemorySystem):
         reqs = self._requests(linux_aio.IOCB_CMD_PWRITE, ptr - pad, ext.length, ext.offset)
         try:
             tokens = self._aio.submit(reqs, keep=t)  # t's storage stays alive until written
-        except OSError as e:
+        except BaseException as e:  # (a Ctrl-C too: nothing of it is in flight, submit drained it)
             self._release(ext)
-            raise self._error(e, f"writing {n} bytes") from e
+            if isinstance(e, OSError):
+                raise self._error(e, f"writing {n} bytes") from e
+            raise
 
         def complete(results) -> SlowHandle:
             try:
@@ -509,11 +515,13 @@ class FileMemorySystem(MemorySystem):
                               ext.offset)
         try:
             tokens = self._aio.submit(reqs, keep=(buf, target))
-        except OSError as e:
+        except BaseException as e:
             del target
             self._cache.give(buf)
             settle()
-            raise self._error(e, f"reading {n} bytes") from e
+            if isinstance(e, OSError):
+                raise self._error(e, f"reading {n} bytes") from e
+            raise
 
         def complete(results) -> torch.Tensor:
             nonlocal target
@@ -537,9 +545,11 @@ class FileMemorySystem(MemorySystem):
         reqs = self._requests(linux_aio.IOCB_CMD_PREAD, into.data_ptr(), ext.length, ext.offset)
         try:
             tokens = self._aio.submit(reqs, keep=into)  # the destination stays alive until read
-        except OSError as e:
+        except BaseException as e:
             settle()
-            raise self._error(e, f"reading {n} bytes") from e
+            if isinstance(e, OSError):
+                raise self._error(e, f"reading {n} bytes") from e
+            raise
 
         def complete(results) -> torch.Tensor:
             try:

@@ -95,15 +95,15 @@ class AioContext:
             if self._closed:
                 raise OSError(errno.EBADF, "the AIO context is closed")
             cbs = []
-            for op, fd, addr, n, off in requests:
-                tok = self._next
-                self._next += 1
-                cb = _Iocb(aio_data=tok, aio_lio_opcode=op, aio_fildes=fd, aio_buf=addr,
-                           aio_nbytes=n, aio_offset=off)
-                self._flight[tok] = (cb, keep)
-                cbs.append(cb)
-                tokens.append(tok)
             try:
+                for op, fd, addr, n, off in requests:
+                    tok = self._next
+                    self._next += 1
+                    tokens.append(tok)
+                    cb = _Iocb(aio_data=tok, aio_lio_opcode=op, aio_fildes=fd, aio_buf=addr,
+                               aio_nbytes=n, aio_offset=off)
+                    self._flight[tok] = (cb, keep)
+                    cbs.append(cb)
                 self._submit_all(cbs)
             except BaseException:
                 for tok in tokens:  # never submitted (a partial submit reaps the rest first)
@@ -113,20 +113,23 @@ class AioContext:
 
     def _submit_all(self, cbs: list[_Iocb]) -> None:
         i = 0
-        while i < len(cbs):
-            chunk = cbs[i:i + self.depth]
-            arr = (ctypes.POINTER(_Iocb) * len(chunk))(*(ctypes.pointer(c) for c in chunk))
-            r = self._syscall(self._submit, self._ctx, ctypes.c_long(len(chunk)), arr)
-            if r > 0:
-                i += r
-                continue
-            e = ctypes.get_errno() if r < 0 else errno.EAGAIN
-            if e in (errno.EAGAIN, errno.EINTR):
-                self._reap(1, 0.1)  # the ring is full: make room
-                continue
-            if i:  # some were queued: they must finish before their memory can go
+        try:
+            while i < len(cbs):
+                chunk = cbs[i:i + self.depth]
+                arr = (ctypes.POINTER(_Iocb) * len(chunk))(*(ctypes.pointer(c) for c in chunk))
+                r = self._syscall(self._submit, self._ctx, ctypes.c_long(len(chunk)), arr)
+                if r > 0:
+                    i += r
+                    continue
+                e = ctypes.get_errno() if r < 0 else errno.EAGAIN
+                if e in (errno.EAGAIN, errno.EINTR):
+                    self._reap(1, 0.1)  # the ring is full: make room
+                    continue
+                raise OSError(e, f"io_submit: {os.strerror(e)}")
+        except BaseException:  # an error or a Ctrl-C: what was queued must finish before its memory can go
+            if i:
                 self._drain(cbs[:i])
-            raise OSError(e, f"io_submit: {os.strerror(e)}")
+            raise
 
     # ---- completion
 
@@ -165,18 +168,30 @@ class AioContext:
             self._reap(0, 0.0)
             return all(t in self._results for t in tokens)
 
-    def wait(self, tokens: list[int], timeout: float | None = None) -> list[tuple[int, float]]:
+    def wait(self, tokens: list[int], timeout: float | None = None, forget: bool = True) -> list[tuple[int, float]]:
         """Block until every request in `tokens` has completed; returns (result, time it was
-        collected) per token and forgets them. Raises TimeoutError after `timeout` seconds."""
+        collected) per token and forgets them (with `forget`; else forget(tokens) does, so
+        a caller interrupted before it used them can wait again). Raises TimeoutError after
+        `timeout` seconds."""
         deadline = None if timeout is None else time.perf_counter() + timeout
         while True:
             with self._lock:
                 if all(t in self._results for t in tokens):
-                    return [self._results.pop(t) for t in tokens]
+                    got = [self._results[t] for t in tokens]
+                    if forget:
+                        for t in tokens:
+                            self._results.pop(t, None)
+                    return got
                 if deadline is not None and time.perf_counter() >= deadline:
                     raise TimeoutError(f"asynchronous I/O not finished after {timeout} s")
                 # short sleeps in the kernel, so a Ctrl-C is seen within 0.1 s
                 self._reap(1, 0.1)
+
+    def forget(self, tokens: list[int]) -> None:
+        """Drop the completions of `tokens` (after wait(..., forget=False))."""
+        with self._lock:
+            for t in tokens:
+                self._results.pop(t, None)
 
     def in_flight(self) -> int:
         with self._lock:
