@@ -19,12 +19,21 @@ allocator's fragmentation is no longer paid for in page faults), printed as
 The executor follows the plans' arena layout (tiers/cpu_arena.py), which leaves little
 to trim; `--heap` also runs the synchronous and asynchronous plans without it (glibc's
 heap, trimmed), printed as "synchronous-heap" / "asynchronous-heap", in the same run.
+
+Each plan runs in a process of its own (`--shared-process` runs them all in this one):
+sessions that ran before in the same process (glibc's heap, the file tier's read buffers)
+slowed the next one's iterations by up to 25 % (resnet50 4:1 asynchronous: 4.03 s after
+first-touch and lru in the same process, 3.20 s alone, minutes apart).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 from autotm.api import run_workload
 from autotm.planner import InfeasibleBudget, plan
@@ -33,6 +42,40 @@ from autotm.tiers import make_memory_system
 from autotm.zoo import workload
 
 PLANNERS = ("all-fast", "first-touch", "lru", "synchronous", "asynchronous")
+
+
+def _child(args) -> None:
+    """One plan of one model at one ratio, run in this process; prints its figures as JSON."""
+    model, ratio, planner = args.child
+    w = workload(model, args.preset)
+    with make_memory_system("cpu+file") as ms:
+        graph, cm, _ = profile_workload(w, "cpu+file", args.cache)
+        base = planner[:-1] if planner.endswith("*") else planner[:-len("-heap")] if planner.endswith("-heap") else planner
+        try:
+            p = plan(graph, cm, None if base == "all-fast" else ratio, base, pin_params=args.pin_params,
+                     time_limit=args.time_limit)
+        except InfeasibleBudget as e:
+            print(json.dumps({"infeasible": e.minimum}))
+            return
+        r = run_workload(w, graph, cm, p, ms, iterations=args.iterations,
+                         trim_memory=False if planner.endswith("*") else None,
+                         use_arena=not planner.endswith("-heap"))
+        print(json.dumps({"name": w.name, "measured": r.report.measured_seconds,
+                          "predicted": p.meta["predicted_seconds"],
+                          "moved": r.report.bytes_to_slow + r.report.bytes_to_fast}))
+
+
+def _in_child(args, model: str, ratio: str, planner: str) -> dict:
+    cmd = [sys.executable, __file__, "--child", model, ratio, planner, "--preset", args.preset,
+           "--iterations", str(args.iterations), "--time-limit", str(args.time_limit)]
+    if args.cache:
+        cmd += ["--cache", args.cache]
+    if args.pin_params:
+        cmd.append("--pin-params")
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{model} {ratio} {planner} failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -48,7 +91,16 @@ def main() -> None:
                     help="also run synchronous and asynchronous with trim_memory=False")
     ap.add_argument("--heap", action="store_true",
                     help="also run synchronous and asynchronous without the arena allocator")
+    ap.add_argument("--shared-process", action="store_true",
+                    help="run every plan in this process, one after another")
+    ap.add_argument("--child", nargs=3, metavar=("MODEL", "RATIO", "PLANNER"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        _child(args)
+        return
+    if not args.shared_process:
+        _main_isolated(args)
+        return
     planners = (PLANNERS + (("synchronous*", "asynchronous*") if args.untrimmed else ())
                 + (("synchronous-heap", "asynchronous-heap") if args.heap else ()))
     rows = []
@@ -93,6 +145,38 @@ def main() -> None:
                     print(f"{w.name:<34} {ratio:>5} {planner:<17} {t:>10.3f} {t / t_fast:>9.2f} "
                           f"{p.meta['predicted_seconds']:>11.3f} {moved:>9.0f}", flush=True)
 
+    _summary(rows, predicted)
+
+
+def _main_isolated(args) -> None:
+    planners = (PLANNERS + (("synchronous*", "asynchronous*") if args.untrimmed else ())
+                + (("synchronous-heap", "asynchronous-heap") if args.heap else ()))
+    rows, predicted = [], {}
+    print(f"{'model':<34} {'ratio':>5} {'planner':<17} {'measured s':>10} {'/all-fast':>9} {'predicted s':>11} {'moved MiB':>9}",
+          flush=True)
+    if args.cache is None:  # one cache for the children: each profiles nothing the first did
+        import tempfile
+        args.cache = str(Path(tempfile.mkdtemp()) / "profile.sqlite")
+    for model in args.models.split(","):
+        fast = _in_child(args, model, "1:0", "all-fast")
+        name = fast["name"]
+        for ratio in args.ratios.split(","):
+            for planner in planners:
+                r = fast if planner == "all-fast" else _in_child(args, model, ratio, planner)
+                if "infeasible" in r:
+                    print(f"{name:<34} {ratio:>5} {planner:<17} infeasible: smallest budget "
+                          f"{r['infeasible'] / 2**20:.0f} MiB", flush=True)
+                    rows.append((name, ratio, planner, math.nan))
+                    continue
+                t = r["measured"]
+                rows.append((name, ratio, planner, t / fast["measured"]))
+                predicted[(name, ratio, planner)] = r["predicted"] / fast["predicted"]
+                print(f"{name:<34} {ratio:>5} {planner:<17} {t:>10.3f} {t / fast['measured']:>9.2f} "
+                      f"{r['predicted']:>11.3f} {r['moved'] / 2**20:>9.0f}", flush=True)
+    _summary(rows, predicted)
+
+
+def _summary(rows, predicted) -> None:
     def cells(planner, ratios=None):
         return {(m, r): v for m, r, p, v in rows if p == planner and (ratios is None or r in ratios) and not math.isnan(v)}
 

@@ -126,7 +126,7 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
         # it fragmented as much; a smaller cut may just return the same plan)
         if p.meta["arena_fits"]:  # (always without a budget: all-fast, all-slow)
             break
-        next_cut = max(cut + p.arena_bytes - limit, p.arena_bytes - report.peak_fast_bytes)
+        next_cut = max(cut + p.arena_bytes - limit, p.arena_bytes - p.meta["peak_fast_with_workspace_bytes"])
         if next_cut >= budget_bytes:
             break
         cut = next_cut
