@@ -145,17 +145,6 @@ class CostModel:
         s = max(0.0, float(self.copy_interference.get(direction, 0.0)))
         return s / (1.0 + s)
 
-    def async_interference_seconds(self, copies: Iterable[tuple[int, str]]) -> float:
-        """What the async copies at one kernel add to its compute time (module doc of
-        autotm.simulate): sum_m g_m marginal_m + g* max_m (full_m - marginal_m)."""
-        total, extra = 0.0, 0.0
-        for nbytes, direction in copies:
-            full = self.move_seconds(nbytes, direction, "async")
-            marg = self.async_marginal_seconds(nbytes, direction)
-            total += self.interference_share(direction) * marg
-            extra = max(extra, full - marg)
-        return total + self.interference_share() * extra
-
     def async_host_seconds(self, nbytes: int, direction: str) -> float:
         """Seconds an async move of `nbytes` takes on the thread that issues it (issue and
         completion), which no kernel overlaps; 0 where not profiled."""
@@ -175,13 +164,25 @@ class CostModel:
             A = sum_m marginal_m + max_m (full_m - marginal_m)
         (one copy's fixed cost shows, the rest only add bytes; without async_overlap,
         marginal = full and A is the plain sum)."""
-        total, extra = 0.0, 0.0
+        marg, _, extra = self._async_parts(copies)
+        return marg + extra
+
+    def async_interference_seconds(self, copies: Iterable[tuple[int, str]]) -> float:
+        """What the async copies at one kernel add to its compute time (module doc of
+        autotm.simulate): sum_m g_m marginal_m + g* max_m (full_m - marginal_m)."""
+        _, slowed, extra = self._async_parts(copies)
+        return slowed + self.interference_share() * extra
+
+    def _async_parts(self, copies: Iterable[tuple[int, str]]) -> tuple[float, float, float]:
+        """(sum_m marginal_m, sum_m g_m marginal_m, max_m (full_m - marginal_m))."""
+        marg_sum, slowed, extra = 0.0, 0.0, 0.0
         for nbytes, direction in copies:
             full = self.move_seconds(nbytes, direction, "async")
             marg = self.async_marginal_seconds(nbytes, direction)
-            total += marg
+            marg_sum += marg
+            slowed += self.interference_share(direction) * marg
             extra = max(extra, full - marg)
-        return total + extra
+        return marg_sum, slowed, extra
 
     @property
     def total_kernel_seconds(self) -> float:
