@@ -20,10 +20,14 @@ The executor follows the plans' arena layout (tiers/cpu_arena.py), which leaves 
 to trim; `--heap` also runs the synchronous and asynchronous plans without it (glibc's
 heap, trimmed), printed as "synchronous-heap" / "asynchronous-heap", in the same run.
 
-Each plan runs in a process of its own (`--shared-process` runs them all in this one):
-sessions that ran before in the same process (glibc's heap, the file tier's read buffers)
-slowed the next one's iterations by up to 25 % (resnet50 4:1 asynchronous: 4.03 s after
-first-touch and lru in the same process, 3.20 s alone, minutes apart).
+Each plan runs in a process of its own: sessions that ran before in the same process
+(glibc's heap, the file tier's read buffers) slowed the next one's iterations by up to
+25 % (resnet50 4:1 asynchronous: 4.03 s after first-touch and lru in the same process,
+3.20 s alone, minutes apart).
+
+"bound s" is the solver's lower bound (plan.meta["bound_seconds"]): no plan of that
+formulation for that budget is predicted faster, so bound / all-fast predicted is how
+close to all-fast the formulation can come on this machine's measured costs.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ def _child(args) -> None:
                          trim_memory=False if planner.endswith("*") else None,
                          use_arena=not planner.endswith("-heap"))
         print(json.dumps({"name": w.name, "measured": r.report.measured_seconds,
-                          "predicted": p.meta["predicted_seconds"],
+                          "predicted": p.meta["predicted_seconds"], "bound": p.meta.get("bound_seconds"),
                           "moved": r.report.bytes_to_slow + r.report.bytes_to_fast}))
 
 
@@ -91,69 +95,20 @@ def main() -> None:
                     help="also run synchronous and asynchronous with trim_memory=False")
     ap.add_argument("--heap", action="store_true",
                     help="also run synchronous and asynchronous without the arena allocator")
-    ap.add_argument("--shared-process", action="store_true",
-                    help="run every plan in this process, one after another")
     ap.add_argument("--child", nargs=3, metavar=("MODEL", "RATIO", "PLANNER"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         _child(args)
         return
-    if not args.shared_process:
-        _main_isolated(args)
-        return
-    planners = (PLANNERS + (("synchronous*", "asynchronous*") if args.untrimmed else ())
-                + (("synchronous-heap", "asynchronous-heap") if args.heap else ()))
-    rows = []
-    predicted = {}  # (model, ratio, planner) -> the planner's predicted seconds / all-fast's
-    print(f"{'model':<34} {'ratio':>5} {'planner':<17} {'measured s':>10} {'/all-fast':>9} {'predicted s':>11} {'moved MiB':>9}",
-          flush=True)
-    with make_memory_system("cpu+file") as ms:
-        for name in args.models.split(","):
-            w = workload(name, args.preset)
-            graph, cm, _ = profile_workload(w, "cpu+file", args.cache)
-            fast = run_workload(w, graph, cm, plan(graph, cm, None, "all-fast"), ms, iterations=args.iterations)
-            t_fast = fast.report.measured_seconds
-            for ratio in args.ratios.split(","):
-                plans = {}
-                for planner in planners:
-                    try:
-                        if planner == "all-fast":
-                            r, p = fast, fast.plan
-                        elif planner.endswith("*"):
-                            p = plans.get(planner[:-1])
-                            if p is None:
-                                continue
-                            r = run_workload(w, graph, cm, p, ms, iterations=args.iterations, trim_memory=False)
-                        elif planner.endswith("-heap"):
-                            p = plans.get(planner[:-len("-heap")])
-                            if p is None:
-                                continue
-                            r = run_workload(w, graph, cm, p, ms, iterations=args.iterations, use_arena=False)
-                        else:
-                            p = plan(graph, cm, ratio, planner, pin_params=args.pin_params, time_limit=args.time_limit)
-                            plans[planner] = p
-                            r = run_workload(w, graph, cm, p, ms, iterations=args.iterations)
-                    except InfeasibleBudget as e:
-                        print(f"{w.name:<34} {ratio:>5} {planner:<17} infeasible: smallest budget {e.minimum / 2**20:.0f} MiB",
-                              flush=True)
-                        rows.append((w.name, ratio, planner, math.nan))
-                        continue
-                    t = r.report.measured_seconds
-                    rows.append((w.name, ratio, planner, t / t_fast))
-                    predicted[(w.name, ratio, planner)] = p.meta["predicted_seconds"] / fast.plan.meta["predicted_seconds"]
-                    moved = (r.report.bytes_to_slow + r.report.bytes_to_fast) / 2**20
-                    print(f"{w.name:<34} {ratio:>5} {planner:<17} {t:>10.3f} {t / t_fast:>9.2f} "
-                          f"{p.meta['predicted_seconds']:>11.3f} {moved:>9.0f}", flush=True)
-
-    _summary(rows, predicted)
+    _main_isolated(args)
 
 
 def _main_isolated(args) -> None:
     planners = (PLANNERS + (("synchronous*", "asynchronous*") if args.untrimmed else ())
                 + (("synchronous-heap", "asynchronous-heap") if args.heap else ()))
-    rows, predicted = [], {}
-    print(f"{'model':<34} {'ratio':>5} {'planner':<17} {'measured s':>10} {'/all-fast':>9} {'predicted s':>11} {'moved MiB':>9}",
-          flush=True)
+    rows, predicted, bounds = [], {}, {}
+    print(f"{'model':<34} {'ratio':>5} {'planner':<17} {'measured s':>10} {'/all-fast':>9} {'predicted s':>11} "
+          f"{'bound s':>8} {'moved MiB':>9}", flush=True)
     if args.cache is None:  # one cache for the children: each profiles nothing the first did
         import tempfile
         args.cache = str(Path(tempfile.mkdtemp()) / "profile.sqlite")
@@ -171,12 +126,15 @@ def _main_isolated(args) -> None:
                 t = r["measured"]
                 rows.append((name, ratio, planner, t / fast["measured"]))
                 predicted[(name, ratio, planner)] = r["predicted"] / fast["predicted"]
+                if r.get("bound") is not None:
+                    bounds[(name, ratio, planner)] = r["bound"] / fast["predicted"]
+                bound = f"{r['bound']:>8.3f}" if r.get("bound") is not None else f"{'':>8}"
                 print(f"{name:<34} {ratio:>5} {planner:<17} {t:>10.3f} {t / fast['measured']:>9.2f} "
-                      f"{r['predicted']:>11.3f} {r['moved'] / 2**20:>9.0f}", flush=True)
-    _summary(rows, predicted)
+                      f"{r['predicted']:>11.3f} {bound} {r['moved'] / 2**20:>9.0f}", flush=True)
+    _summary(rows, predicted, bounds)
 
 
-def _summary(rows, predicted) -> None:
+def _summary(rows, predicted, bounds) -> None:
     def cells(planner, ratios=None):
         return {(m, r): v for m, r, p, v in rows if p == planner and (ratios is None or r in ratios) and not math.isnan(v)}
 
@@ -192,6 +150,10 @@ def _summary(rows, predicted) -> None:
             if pc:
                 print(f"  predicted by the planner (its seconds / all-fast's predicted): geometric mean "
                       f"{math.exp(sum(math.log(v) for v in pc) / len(pc)):.3f}")
+            bc = [bounds[(m, r, name)] for m, r in c if (m, r, name) in bounds]
+            if len(bc) == len(c):
+                print(f"  the solver's bound (no plan of the formulation predicted faster) / all-fast's "
+                      f"predicted: geometric mean {math.exp(sum(math.log(v) for v in bc) / len(bc)):.3f}")
     for base in ("first-touch", "lru"):
         b = cells(base, ("4:1", "8:1"))
         both = [k for k in b if k in a]

@@ -203,6 +203,10 @@ def test_every_plan_validates_and_beats_the_baselines(case, formulation, moves):
     predicted = simulate(p, g, cm).predicted_seconds
     assert predicted == pytest.approx(p.meta["objective_seconds"], rel=1e-3, abs=1e-9)
     assert predicted >= sum(seconds) - 1e-9  # never faster than compute alone
+    # the solver's bound: below the plan, above compute alone, and tight at a gap of 1e-6
+    bound = p.meta["bound_seconds"]
+    assert sum(seconds) - 1e-9 <= bound <= p.meta["objective_seconds"] + 1e-12
+    assert bound >= p.meta["objective_seconds"] * (1 - 1e-5) - 1e-9
     for baseline in ("first-touch", "lru"):
         try:
             b = plan(g, cm, budget, baseline, arena=False)

@@ -131,7 +131,8 @@ def _plan_summary(p) -> dict:
     m = p.meta
     return {
         "status": m.get("status"), "formulation": m.get("formulation"), "predicted_seconds": m["predicted_seconds"],
-        "solve_seconds": m.get("solve_seconds", 0.0), "gap": m.get("gap", 0.0), "bytes_to_slow": m["bytes_to_slow"],
+        "solve_seconds": m.get("solve_seconds", 0.0), "gap": m.get("gap", 0.0),
+        "bound_seconds": m.get("bound_seconds"), "bytes_to_slow": m["bytes_to_slow"],
         "bytes_to_fast": m["bytes_to_fast"], "moves": m["moves"], "budget_bytes": m.get("budget_bytes"),
         "peak_fast_bytes": m["peak_fast_bytes"], "simulated": m["simulated"], "memory_system": p.memory_system,
         "graph": p.graph_name, "pin_params": m.get("pin_params", False),
@@ -177,6 +178,8 @@ def plan(
               show_header=False)
     t.add_row("status", f"{s['status']} (gap {100 * s['gap']:.2f} %, solved in {s['solve_seconds']:.1f} s)")
     t.add_row("predicted iteration", f"{s['predicted_seconds']:.4f} s")
+    if s["bound_seconds"] is not None:
+        t.add_row("solver's bound", f"{s['bound_seconds']:.4f} s (no {formulation} plan for this budget is predicted faster)")
     t.add_row("budget", human_bytes(s["budget_bytes"] or 0))
     t.add_row("peak fast bytes", human_bytes(s["peak_fast_bytes"]))
     if s["arena_bytes"] is not None:

@@ -7,6 +7,7 @@ autotm.simulate, the one definition of predicted time) in `plan.meta`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
 import numpy as np
@@ -34,7 +35,7 @@ __all__ = ["plan", "FORMULATIONS", "BASELINES", "InfeasibleBudget"]
 def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str = "asynchronous", *,
          window: int = 15, time_limit: float = 60.0, mip_gap: float = 0.01, pin_params: bool = False,
          warm_start: bool = True, threads: int | None = None, verbose: bool = False, arena: bool = True,
-         defrag_retries: int = 3) -> Plan:
+         defrag_retries: int = 6) -> Plan:
     """Plan `graph` for `budget` (bytes, "6GB", or a slow:fast ratio like "4:1" of the
     all-fast footprint: the most bytes live at one kernel, plus its workspace if profiled).
 
@@ -49,12 +50,15 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
             fast memory outside the budget (the original AutoTM's accounting).
         arena: give every fast residency a static offset in one arena (planner/arena.py)
             and report its size in plan.meta["arena_bytes"]; when the arena exceeds the
-            budget, plan again with the budget lowered by the overshoot (or by the bytes
-            lost to fragmentation, if more), up to `defrag_retries` times (the original's
-            defrag step). If it still does not fit, the plan with the smallest arena is
+            budget, plan again with the budget lowered by the overshoot (at least 1 %
+            of the budget; or by the bytes lost to fragmentation, if more), up to
+            `defrag_retries` times (the original's defrag step). If it still does not fit, the plan with the smallest arena is
             returned with meta["arena_fits"] False and a warning in meta["warning"]: the
             plan itself is valid for the budget, only its static layout is larger (a
             runtime allocator may still fit). meta["defrag_history"] lists the attempts.
+
+    The ILP formulations also give meta["bound_seconds"]: the solver's lower bound for the
+    requested budget, under which no plan of the formulation is predicted to run.
     """
     if cost_model.graph_fingerprint and cost_model.graph_fingerprint != graph.fingerprint:
         raise ValueError("the cost model was profiled for another graph; profile this one first")
@@ -126,7 +130,10 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
         # it fragmented as much; a smaller cut may just return the same plan)
         if p.meta["arena_fits"]:  # (always without a budget: all-fast, all-slow)
             break
-        next_cut = max(cut + p.arena_bytes - limit, p.arena_bytes - p.meta["peak_fast_with_workspace_bytes"])
+        # (at least 1 % of the budget more each time: fragmentation varies by a per cent or
+        # two from one plan to the next, so a cut by a small overshoot often misses again)
+        next_cut = max(cut + max(p.arena_bytes - limit, budget_bytes // 100),
+                       p.arena_bytes - p.meta["peak_fast_with_workspace_bytes"])
         if next_cut >= budget_bytes:
             break
         cut = next_cut
@@ -135,6 +142,9 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
     if arena:  # each attempt: (budget solved for, arena bytes, fragmentation, predicted seconds)
         p.meta["defrag_history"] = [(a.meta["solver_budget_bytes"], a.arena_bytes, a.meta["fragmentation"],
                                      a.meta["predicted_seconds"]) for a in attempts]
+    if attempts[0].meta.get("bound_seconds") is not None:
+        # the solver's bound at the requested budget (a re-solve's, for less, is no bound here)
+        p.meta["bound_seconds"] = attempts[0].meta["bound_seconds"]
     if not fitting:
         p.meta["warning"] = (f"the arena ({p.arena_bytes:,} bytes) exceeds the budget ({limit:,} bytes) after "
                              f"{len(attempts) - 1} re-solves with a lower budget"
@@ -220,7 +230,8 @@ def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, w
 
 def _stats_meta(stats) -> dict:
     return dict(solve_seconds=stats.solve_seconds, build_seconds=stats.build_seconds, gap=stats.gap,
-                status=stats.status, objective_seconds=stats.objective, variables=stats.variables,
+                status=stats.status, objective_seconds=stats.objective,
+                bound_seconds=stats.bound if math.isfinite(stats.bound) else None, variables=stats.variables,
                 binaries=stats.binaries, rows=stats.rows, nonzeros=stats.nonzeros)
 
 

@@ -252,7 +252,7 @@ def solve_direct(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     fill = capacity_chain(R, V, cap_iv, rhs, n)
     stats = ILPStats(variables=V.n, families={k: tuple(v) for k, v in R.family_counts.items()})
     if V.n == 0:
-        stats.status, stats.objective = "Optimal", constant
+        stats.status, stats.objective, stats.bound = "Optimal", constant, constant
         return _decode(graph, cost, budget, formulation, np.zeros(0), tv), stats
     h, lp = highs_model(highspy, V, R, constant, time_limit=time_limit, mip_gap=mip_gap, threads=threads,
                         verbose=verbose)

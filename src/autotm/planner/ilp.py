@@ -84,6 +84,7 @@ class ILPStats:
     status: str = ""
     gap: float = 0.0
     objective: float = 0.0
+    bound: float = float("nan")  # the solver's lower bound on the objective (seconds); nan: none
     families: dict = field(default_factory=dict)
 
 
@@ -392,7 +393,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     stats = ILPStats(variables=V.n, families={k: tuple(v) for k, v in Rw.family_counts.items()})
     if V.n == 0:  # nothing can move: every tensor stays in fast memory, and that fits
         plan = _decode(graph, cost, budget, formulation, np.zeros(0), segs, seg_vars, start_slow)
-        stats.status, stats.objective = "Optimal", constant_time
+        stats.status, stats.objective, stats.bound = "Optimal", constant_time, constant_time
         return plan, stats
     h, lp = highs_model(highspy, V, Rw, constant_time, time_limit=time_limit, mip_gap=mip_gap,
                         threads=threads, verbose=verbose)
@@ -520,8 +521,10 @@ def solve_model(h, highspy, lp, x0, constant: float, time_limit: float, stats: I
     stats.objective = obj_x
     if np.isfinite(info.mip_dual_bound):
         stats.gap = max(0.0, (obj_x - info.mip_dual_bound) / max(abs(obj_x), 1e-12))
+        stats.bound = min(obj_x, float(info.mip_dual_bound))
     else:  # no bound: optimal if the solver finished, unknown (reported as 100 %) if it timed out
         stats.gap = 1.0 if timed_out else 0.0
+        stats.bound = float("nan") if timed_out else obj_x
     return x
 
 
