@@ -13,7 +13,7 @@ from autotm.budget import parse_budget
 from autotm.costmodel import CostModel, MoveCost
 from autotm.graph import Role
 from autotm.planner import InfeasibleBudget, plan
-from autotm.planner.ilp import minimum_budget
+from autotm.planner.ilp import default_min_tensor_bytes, minimum_budget
 from autotm.planner.segments import tensor_segments
 from autotm.simulate import simulate
 from autotm.validate import validate
@@ -155,6 +155,26 @@ def test_infeasible_budget_states_the_smallest_feasible_one():
     assert minimum == 102  # k5 reads big (100) and s4 (1) and writes out (1)
     p = plan(g, cm, minimum, "synchronous", arena=False)
     assert validate(p, g).peak_fast_bytes <= minimum
+
+
+def test_small_tensors_move_when_the_budget_needs_it():
+    """Tensors below default_min_tensor_bytes stay fast unless the budget cannot hold them:
+    400 tensors of 64 B live across the kernel that holds two 4 MiB tensors."""
+    big, small, n_small = 4 << 20, 64, 400
+    sizes = [big] + [small] * n_small + [big, small]
+    kernels = [([], [0])] + [([], [1 + i]) for i in range(n_small)]
+    kernels += [([0], [n_small + 1]), ([n_small + 1] + list(range(1, n_small + 1)), [n_small + 2])]
+    g = make_graph(sizes, kernels, outputs=(n_small + 2,), roles={n_small + 2: Role.OUTPUT})
+    assert small < default_min_tensor_bytes(g)
+    cm = cost_model(g, [1e-3] * len(kernels), bw=1e9)
+    budget = 2 * big + n_small * small // 2  # half the small tensors must leave
+    p = plan(g, cm, budget, "synchronous", arena=False)
+    v = validate(p, g)
+    assert v.peak_fast_bytes <= budget
+    assert v.bytes_to_slow >= n_small * small // 2
+    with pytest.raises(InfeasibleBudget) as e:  # below the operands of the busiest kernel
+        plan(g, cm, 2 * big - 1, "synchronous", arena=False)
+    assert e.value.minimum == 2 * big
 
 
 def test_budgets_parse():

@@ -66,7 +66,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import mmap
 import os
 import platform
 import statistics
@@ -163,7 +162,7 @@ def environment(memory_system: str, device: torch.device | None = None,
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "memory_system": memory_system,
-        "method": 7,  # how moves are timed (7: sizes interleaved; reads into touched memory; async from its issue to its completion, host time and compute slowdown apart)
+        "method": 8,  # how moves are timed (8: from and into touched huge-page memory as the arena's; sizes interleaved; async from its issue to its completion, host time and compute slowdown apart)
     }
     if async_engine is not None:  # cpu+file: Linux AIO or the I/O thread
         env["async_io"] = async_engine
@@ -562,7 +561,7 @@ def _host_move_seconds(memory, t: torch.Tensor, load: torch.Tensor, mm_alone: fl
 
 def _read_destination(memory, h) -> torch.Tensor | None:
     """Where the executor reads a prefetched tensor when it follows the plan's arena
-    (tiers/cpu_arena.py): its slot, page-aligned and already touched. A tier buffer of
+    (tiers/cpu_arena.py): its slot, on huge pages and already touched. A tier buffer of
     64 MiB is a fresh mapping each time, and faulting its pages in doubled the measured
     time of the largest reads. None where the tier reads only into its own buffers."""
     if not hasattr(memory, "read_span"):
@@ -570,10 +569,7 @@ def _read_destination(memory, h) -> torch.Tensor | None:
     length, pad = memory.read_span(h)
     if pad:
         return None
-    buf = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    dst = torch.frombuffer(buf, dtype=torch.uint8, count=h.storage_nbytes)
-    dst.fill_(0)  # its pages exist, as an arena slot's do after the first iteration
-    return dst
+    return cpu_arena.arena_like(h.storage_nbytes, length)
 
 
 def _matmul_seconds(a: torch.Tensor, repeats: int = 30) -> float:
@@ -623,7 +619,10 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
         memory.free_slow(h)
         mm_alone = _matmul_seconds(load)
     for n, r in missing:
-        t = torch.randint(0, 255, (n,), dtype=torch.uint8)
+        # moved from and into memory like the arena's slots: on 4 KiB pages direct I/O was
+        # 1.5x slower here than on huge pages (tiers/cpu_arena.py, arena_like)
+        t = cpu_arena.arena_like(n) if device_timed is None else torch.empty(n, dtype=torch.uint8)
+        t.copy_(torch.randint(0, 255, (n,), dtype=torch.uint8))
         got = device_timed(t) if device_timed is not None else _host_move_seconds(memory, t, load, mm_alone)
         for (d, m), s in got.items():
             cache.put_move(env, d, m, n, r, s)

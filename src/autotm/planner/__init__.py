@@ -22,7 +22,7 @@ from ..tiers.base import PAGE
 from .arena import with_arena
 from .baselines import all_fast, first_touch_plan, lru_plan
 from .direct import solve_direct
-from .ilp import InfeasibleBudget, default_min_tensor_bytes, solve_staged
+from .ilp import InfeasibleBudget, default_min_tensor_bytes, min_tensor_bytes_for, solve_staged
 from .static import all_slow_plan, first_touch_direct_plan, solve_static
 
 FORMULATIONS = ("static", "synchronous", "asynchronous")
@@ -186,7 +186,8 @@ def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, w
         start = None
         if warm_start:
             start = (_best_direct_start(graph, cost_model, budget_bytes, validation_budget, ilp, workspace) if direct
-                     else _best_baseline(graph, cost_model, validation_budget, workspace))
+                     else _best_baseline(graph, cost_model, validation_budget, workspace,
+                                         min_tensor_bytes_for(graph, budget_bytes, extra, pinned)))
         if formulation == "asynchronous" and warm_start:
             # every synchronous plan is an asynchronous plan: solve the small model first
             try:
@@ -264,12 +265,12 @@ def _best_direct_start(graph, cost_model, budget_bytes, validation_budget, ilp, 
     return (best[0], best[1]) if best else None
 
 
-def _best_baseline(graph, cost_model, budget, workspace):
+def _best_baseline(graph, cost_model, budget, workspace, min_tensor_bytes):
     """The fastest feasible baseline plan, as a warm start for the ILP. The baselines keep
-    the tensors the ILP does not move (ilp.default_min_tensor_bytes) in fast memory, so that the
-    start is a solution of the model."""
+    the tensors the ILP does not move (those under `min_tensor_bytes`, ilp.min_tensor_bytes_for)
+    in fast memory, so that the start is a solution of the model."""
     best = None
-    small = frozenset(t.id for t in graph.tensors if t.nbytes < default_min_tensor_bytes(graph))
+    small = frozenset(t.id for t in graph.tensors if t.nbytes < min_tensor_bytes)
     for name, make in (("lru", lru_plan), ("first-touch", first_touch_plan)):
         try:
             p = make(graph, budget, cost_model.memory_system, keep_fast=small, workspace=workspace)

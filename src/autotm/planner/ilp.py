@@ -230,6 +230,19 @@ def default_min_tensor_bytes(graph: TrainingGraph) -> int:
     return graph.peak_live_bytes // 20000
 
 
+def min_tensor_bytes_for(graph: TrainingGraph, budget: int, extra: np.ndarray | None = None,
+                         pinned: frozenset[int] = frozenset()) -> int:
+    """The size below which tensors stay fast for this budget: default_min_tensor_bytes,
+    or, near the smallest feasible budget, where the small tensors must move too, the
+    largest of 1/4, 1/16, 1/64 of it and 0 that lets the budget hold (0 if none does)."""
+    pairs = carried_pairs(graph)
+    default = default_min_tensor_bytes(graph)
+    for m in (default, default >> 2, default >> 4, default >> 6):
+        if minimum_budget(graph, tensor_segments(graph, min_bytes=m, pinned=pinned, pairs=pairs), extra)[0] <= budget:
+            return m
+    return 0
+
+
 def minimum_budget(graph: TrainingGraph, segs: list[TensorSegments],
                    extra: np.ndarray | None = None) -> tuple[int, int]:
     """(bytes, kernel): the most bytes any kernel must hold in fast memory under staged
@@ -268,11 +281,11 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
         raise ValueError(f"staged memory systems support the synchronous and asynchronous formulations, not {formulation!r}")
     t_build = time.perf_counter()
     n = len(graph.kernels)
-    if min_tensor_bytes is None:
-        min_tensor_bytes = default_min_tensor_bytes(graph)
     pairs = carried_pairs(graph)
-    segs = tensor_segments(graph, min_bytes=min_tensor_bytes, pinned=pinned, pairs=pairs)
     extra = budget_extra if budget_extra is not None else np.zeros(n, dtype=np.int64)
+    if min_tensor_bytes is None:
+        min_tensor_bytes = min_tensor_bytes_for(graph, budget, extra, pinned)
+    segs = tensor_segments(graph, min_bytes=min_tensor_bytes, pinned=pinned, pairs=pairs)
     need, need_k = minimum_budget(graph, segs, extra)
     if need > budget:
         raise InfeasibleBudget(budget, need, f"kernel {need_k} ({graph.kernels[need_k].op})")

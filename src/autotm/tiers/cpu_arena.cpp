@@ -17,9 +17,13 @@
 
 namespace {
 
+constexpr size_t kHugePage = size_t(2) << 20;
+
 struct Arena {
   char* base = nullptr;
   size_t size = 0;
+  char* mapping = nullptr;  // what mmap returned (base is it rounded up to a huge page)
+  size_t mapped = 0;
   bool retired = false;
   std::map<size_t, size_t> live;  // offset -> length of the blocks handed out
   size_t live_bytes = 0;
@@ -100,7 +104,7 @@ void unwatch_locked(void* p) {
 }
 
 void unmap(Arena* a) {
-  munmap(a->base, a->size);
+  munmap(a->mapping, a->mapped);
   delete a;
 }
 
@@ -222,16 +226,26 @@ void install() {
 
 bool is_installed() { return installed != nullptr && c10::GetCPUAllocator() == installed; }
 
-// A new arena of `size` bytes (page-aligned; pages are touched as used, once: nothing here
-// gives them back before the arena goes).
+// A new arena of `size` bytes (pages are touched as used, once: nothing here gives them
+// back before the arena goes). It starts on a 2 MiB boundary and asks for transparent huge
+// pages: direct I/O into and out of 4 KiB pages ran at 1.1 and 1.65 GB/s here, against
+// 1.75 and 2.4 GB/s with huge pages (pinning a page per 4 KiB for each request).
 int64_t create(int64_t size) {
   TORCH_CHECK(size > 0, "arena size must be positive");
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  size_t mapped = size_t(size) + kHugePage;
+  void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   TORCH_CHECK(p != MAP_FAILED, "mmap of a ", size, "-byte arena failed: ", std::strerror(errno));
+  auto mapping = static_cast<char*>(p);
+  auto base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(mapping) + kHugePage - 1) & ~(kHugePage - 1));
+#ifdef MADV_HUGEPAGE
+  madvise(base, size_t(size), MADV_HUGEPAGE);  // advice only: without it, 4 KiB pages
+#endif
   std::lock_guard<std::mutex> g(mu);
   auto a = new Arena();
-  a->base = static_cast<char*>(p);
+  a->base = base;
   a->size = size;
+  a->mapping = mapping;
+  a->mapped = mapped;
   arenas[next_id] = a;
   return next_id++;
 }

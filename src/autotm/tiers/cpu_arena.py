@@ -22,7 +22,9 @@ why).
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import mmap
 import os
 import shutil
 import threading
@@ -31,6 +33,8 @@ from pathlib import Path
 import torch
 
 log = logging.getLogger(__name__)
+
+HUGE_PAGE = 2 << 20  # the arena starts on one and asks for transparent huge pages (cpu_arena.cpp)
 
 _SOURCE = Path(__file__).with_name("cpu_arena.cpp")
 _ENV_OFF = "AUTOTM_CPU_ARENA"  # "0": never use the arena allocator
@@ -167,3 +171,23 @@ class CpuArena:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def arena_like(nbytes: int, capacity: int | None = None) -> torch.Tensor:
+    """A touched uint8 tensor of `nbytes` in memory like the arena's: 2 MiB-aligned, with
+    transparent huge pages advised, `capacity` bytes (default nbytes) mapped behind it.
+    Direct I/O speed depends on it (cpu_arena.cpp, create), so the profiler times moves
+    from and into such memory."""
+    capacity = max(nbytes, capacity or 0)
+    buf = mmap.mmap(-1, capacity + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    probe = ctypes.c_char.from_buffer(buf)
+    off = -ctypes.addressof(probe) % HUGE_PAGE
+    del probe  # (a live export would keep the mapping from closing)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            buf.madvise(mmap.MADV_HUGEPAGE, off, capacity)
+        except OSError:
+            pass
+    t = torch.frombuffer(buf, dtype=torch.uint8, offset=off, count=nbytes)
+    t.fill_(0)  # its pages exist, as an arena slot's do after the first iteration
+    return t
