@@ -77,8 +77,9 @@ def _in_child(args, model: str, ratio: str, planner: str) -> dict:
     if args.pin_params:
         cmd.append("--pin-params")
     r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"{model} {ratio} {planner} failed:\n{r.stderr[-3000:]}")
+    if r.returncode != 0:  # reported, and the run goes on
+        print(f"{model} {ratio} {planner} failed:\n{r.stderr[-3000:]}", file=sys.stderr, flush=True)
+        return {"failed": (r.stderr.strip().splitlines() or ["?"])[-1]}
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -118,6 +119,9 @@ def _main_isolated(args) -> None:
         for ratio in args.ratios.split(","):
             for planner in planners:
                 r = fast if planner == "all-fast" else _in_child(args, model, ratio, planner)
+                if "failed" in r:
+                    print(f"{name:<34} {ratio:>5} {planner:<17} failed: {r['failed']}", flush=True)
+                    continue
                 if "infeasible" in r:
                     print(f"{name:<34} {ratio:>5} {planner:<17} infeasible: smallest budget "
                           f"{r['infeasible'] / 2**20:.0f} MiB", flush=True)

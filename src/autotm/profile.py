@@ -66,6 +66,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import mmap
 import os
 import platform
 import statistics
@@ -162,7 +163,7 @@ def environment(memory_system: str, device: torch.device | None = None,
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "memory_system": memory_system,
-        "method": 8,  # how moves are timed (8: from and into touched huge-page memory as the arena's; sizes interleaved; async from its issue to its completion, host time and compute slowdown apart)
+        "method": 9,  # how moves are timed (9: moves of 2 MiB and more from and into touched huge-page memory as the arena's; sizes interleaved; async from its issue to its completion, host time and compute slowdown apart)
     }
     if async_engine is not None:  # cpu+file: Linux AIO or the I/O thread
         env["async_io"] = async_engine
@@ -569,6 +570,11 @@ def _read_destination(memory, h) -> torch.Tensor | None:
     length, pad = memory.read_span(h)
     if pad:
         return None
+    if h.storage_nbytes < cpu_arena.HUGE_PAGE:
+        buf = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        dst = torch.frombuffer(buf, dtype=torch.uint8, count=h.storage_nbytes)
+        dst.fill_(0)  # its pages exist, as an arena slot's do after the first iteration
+        return dst
     return cpu_arena.arena_like(h.storage_nbytes, length)
 
 
@@ -619,10 +625,13 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
         memory.free_slow(h)
         mm_alone = _matmul_seconds(load)
     for n, r in missing:
-        # moved from and into memory like the arena's slots: on 4 KiB pages direct I/O was
-        # 1.5x slower here than on huge pages (tiers/cpu_arena.py, arena_like)
-        t = cpu_arena.arena_like(n) if device_timed is None else torch.empty(n, dtype=torch.uint8)
-        t.copy_(torch.randint(0, 255, (n,), dtype=torch.uint8))
+        # large moves from and into memory like the arena's slots: on 4 KiB pages direct I/O
+        # was 1.5x slower here than on huge pages (tiers/cpu_arena.py, arena_like); small
+        # ones as before, from the heap (a fresh huge page per sample made them slower than
+        # the executor's, test preset asynchronous plans predicted 70-115 % high)
+        t = torch.randint(0, 255, (n,), dtype=torch.uint8)
+        if device_timed is None and n >= cpu_arena.HUGE_PAGE:
+            t = cpu_arena.arena_like(n).copy_(t)
         got = device_timed(t) if device_timed is not None else _host_move_seconds(memory, t, load, mm_alone)
         for (d, m), s in got.items():
             cache.put_move(env, d, m, n, r, s)
