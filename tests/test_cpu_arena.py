@@ -148,3 +148,24 @@ def test_take_hands_out_exactly_the_free_ranges(ops):
                 live.pop(start % len(live))
         for i, (_, _, t) in enumerate(live):  # nothing was written over
             assert t.min() == t.max()
+
+
+def test_arena_and_arena_like_memory_start_on_a_huge_page(arena, tmp_path):
+    """Direct I/O runs ~1.5x faster on huge pages: the arena and the profiler's stand-in for
+    its slots (arena_like) both start on a 2 MiB boundary, and a cpu+file round trip into
+    arena_like memory returns the bytes unchanged."""
+    from autotm.tiers import make_memory_system
+
+    slot = arena.take(0, 4096)
+    assert slot is not None and slot.data_ptr() % cpu_arena.HUGE_PAGE == 0
+    n = 3 * MIB + 4096
+    src = cpu_arena.arena_like(n).copy_(torch.randint(0, 255, (n,), dtype=torch.uint8))
+    assert src.data_ptr() % cpu_arena.HUGE_PAGE == 0 and src.untyped_storage().nbytes() == n
+    with make_memory_system("cpu+file", slow_dir=str(tmp_path)) as ms:
+        h = ms.to_slow(0, src)
+        length, pad = ms.read_span(h)
+        assert pad == 0  # page-aligned source: the read may go straight into a slot
+        dst = cpu_arena.arena_like(n, length)
+        back = ms.to_fast(h, into=dst)
+        assert back.data_ptr() == dst.data_ptr() and torch.equal(back, src)
+        ms.free_slow(h)

@@ -19,6 +19,7 @@ from autotm.executor import ExecutorSession, SessionFailed
 from autotm.plan import evict_all_activations_plan
 from autotm.tiers import TierError, make_memory_system
 from autotm.validate import validate
+from children import sigint_default
 
 SMALL_NET = """
 import torch
@@ -182,7 +183,7 @@ def test_ctrl_c_mid_run_exits_non_zero_and_leaves_no_slow_directory(tmp_path, mo
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     p = subprocess.Popen([sys.executable, str(script), str(slow), mode], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     try:
         line = p.stdout.readline()
         assert line.startswith("READY"), (line, p.stderr.read() if p.poll() is not None else "")

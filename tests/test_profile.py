@@ -29,6 +29,7 @@ from autotm.profile import (
 from autotm.profile_cache import SCHEMA_VERSION, CacheWarning, ProfileCache, environment_key
 from autotm.simulate import simulate
 from autotm.tiers import make_memory_system
+from children import sigint_default
 
 SMALL_MOVES = dict(move_sizes=(64 * 1024, 1024 * 1024), move_repeats=2)
 
@@ -215,7 +216,7 @@ def test_a_killed_profiler_resumes_without_losing_measurements(tiny, tmp_path, s
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     proc = subprocess.Popen([sys.executable, str(script), str(path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     seen, env_key = 0, None
     try:
         for line in proc.stdout:

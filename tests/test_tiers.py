@@ -25,6 +25,7 @@ from autotm.tiers.base import PAGE, storage_bytes
 from autotm.tiers.file_tier import FileMemorySystem
 from autotm.tiers.mmap_tier import MmapMemorySystem
 from autotm.tiers.numa_tier import NumaMemorySystem, memory_nodes, parse_node_list
+from children import sigint_default
 
 MiB = 1 << 20
 DIRECT_SYSTEMS = ["cpu+file", "cpu+mmap"]  # the ones that work on any machine
@@ -479,7 +480,8 @@ else:
 @pytest.mark.parametrize("style", ["with", "bare"])
 def test_ctrl_c_during_big_writes_leaves_nothing(tmp_path, style):
     child = subprocess.Popen([sys.executable, "-c", CTRL_C_CHILD, style, str(tmp_path)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=sigint_default)
     slow_dir = child.stdout.readline().strip()
     assert slow_dir.startswith(str(tmp_path)), child.stderr.read()
     time.sleep(0.5)  # several 64 MiB writes, sync and async

@@ -562,7 +562,7 @@ def _host_move_seconds(memory, t: torch.Tensor, load: torch.Tensor, mm_alone: fl
 
 def _read_destination(memory, h) -> torch.Tensor | None:
     """Where the executor reads a prefetched tensor when it follows the plan's arena
-    (tiers/cpu_arena.py): its slot, on huge pages and already touched. A tier buffer of
+    (tiers/cpu_arena.py): its slot, touched (on huge pages from 2 MiB). A tier buffer of
     64 MiB is a fresh mapping each time, and faulting its pages in doubled the measured
     time of the largest reads. None where the tier reads only into its own buffers."""
     if not hasattr(memory, "read_span"):

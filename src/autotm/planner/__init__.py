@@ -52,10 +52,11 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
             and report its size in plan.meta["arena_bytes"]; when the arena exceeds the
             budget, plan again with the budget lowered by the overshoot (at least 1 %
             of the budget; or by the bytes lost to fragmentation, if more), up to
-            `defrag_retries` times (the original's defrag step). If it still does not fit, the plan with the smallest arena is
-            returned with meta["arena_fits"] False and a warning in meta["warning"]: the
-            plan itself is valid for the budget, only its static layout is larger (a
-            runtime allocator may still fit). meta["defrag_history"] lists the attempts.
+            `defrag_retries` times (the original's defrag step). If it still does not
+            fit, the plan with the smallest arena is returned with meta["arena_fits"]
+            False and a warning in meta["warning"]: the plan itself is valid for the
+            budget, only its static layout is larger (the executor then runs it on the
+            heap, trimmed to the budget). meta["defrag_history"] lists the attempts.
 
     The ILP formulations also give meta["bound_seconds"]: the solver's lower bound for the
     requested budget, under which no plan of the formulation is predicted to run.
@@ -224,6 +225,7 @@ def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, w
             p, stats = solve(graph, cost_model, budget_bytes, formulation="synchronous",
                              **dict(ilp, time_limit=time_limit), verbose=verbose)
             p = dataclasses.replace(p, planner=formulation)
+            stats.bound = float("nan")  # (the synchronous model's bound is none for asynchronous plans)
             meta["fallback"] = "synchronous (no asynchronous plan found within the time limit)"
         meta.update(_stats_meta(stats), window=window,
                     warm_start=start[1] if start else None)
