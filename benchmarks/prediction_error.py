@@ -11,7 +11,7 @@ glibc's heap without a budget). Prints
 Target: median <= 5 %, max <= 10 %.
 
     .venv/bin/python benchmarks/prediction_error.py [--cases test:resnet50,cpu:vgg19]
-        [--iterations 4] [--threads N] [--cache PATH] [--json out.json]
+        [--iterations 6] [--threads N] [--cache PATH] [--json out.json]
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ import torch
 
 from autotm.executor import ExecutorSession
 from autotm.plan import all_fast_plan, evict_all_activations_plan
-from autotm.planner import large_block_alignment
-from autotm.planner.arena import with_arena
+from autotm.planner import laid_out
 from autotm.profile import capture_real, profile
 from autotm.simulate import simulate
 from autotm.tiers import make_memory_system
@@ -50,9 +49,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=DEFAULT_CASES, help="preset:model,...")
     ap.add_argument("--memory", default="cpu+file")
-    ap.add_argument("--iterations", type=int, default=4)
+    ap.add_argument("--iterations", type=int, default=6)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--cache", default=None, help="profile cache file (default: a fresh temporary one)")
+    ap.add_argument("--cache", default=None,
+                    help="profile cache file shared by the cases (default: a fresh one per case, so that the "
+                         "moves are timed just before the case runs, as `autotm run` profiles then runs)")
+    ap.add_argument("--cache-dir", default=None,
+                    help="keep the per-case caches here (PRESET-MODEL.sqlite; reused when present)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--heap", action="store_true",
                     help="run the evict plans on glibc's heap, without a budget and its arena layout")
@@ -61,7 +64,6 @@ def main() -> None:
         torch.set_num_threads(a.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()}")
     tmp = tempfile.TemporaryDirectory()
-    cache = a.cache or os.path.join(tmp.name, "cache.sqlite")
     rows = []
     t_all = time.perf_counter()
     with make_memory_system(a.memory) as memory:
@@ -70,6 +72,9 @@ def main() -> None:
             w = workload(name, preset)
             graph, _, _, batch, inputs = capture_real(w)
             t0 = time.perf_counter()
+            # (one cache for all cases timed the moves once, minutes before the last case ran,
+            # and this disk's speed drifts by up to 20 % over minutes)
+            cache = a.cache or os.path.join(a.cache_dir or tmp.name, f"{preset}-{name}.sqlite")
             cm = profile(graph, memory, cache, inputs=inputs)
             t_prof = time.perf_counter() - t0
             del inputs
@@ -129,9 +134,7 @@ def _in_arena(plan, graph, cm):
     """The plan laid out in an arena (planner/arena.py) with its size as the budget, so that
     the executor runs it as it runs every budgeted plan: in the arena, whose huge pages
     make direct I/O ~1.5x faster than from glibc's heap (tiers/cpu_arena.py)."""
-    ws = cm.workspace(len(graph.kernels))
-    p = with_arena(plan, graph, large_alignment=large_block_alignment(cm.memory_system),
-                   workspace=ws if ws.any() else None)
+    p = laid_out(plan, graph, cm)
     # (the validator's peak can exceed the layout's by a few bytes: copies in flight count at both ends)
     return dataclasses.replace(p, budget_bytes=max(p.arena_bytes, validate(plan, graph).peak_fast_bytes))
 

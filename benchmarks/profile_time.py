@@ -6,7 +6,7 @@ temporary cache file; reports capture and profile seconds, unique versus total k
 timings measured and move samples. Target: all four profiled in at most 10 minutes.
 
     .venv/bin/python benchmarks/profile_time.py [--models vgg19,resnet200] [--preset cpu]
-        [--memory cpu+file] [--threads N] [--json out.json]
+        [--memory cpu+file] [--threads N] [--json out.json] [--keep-cache DIR]
 """
 
 from __future__ import annotations
@@ -31,9 +31,13 @@ def main() -> None:
     ap.add_argument("--memory", default="cpu+file")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--json", default=None, help="also write the rows as JSON here")
+    ap.add_argument("--keep-cache", default=None, metavar="DIR",
+                    help="keep each model's cache as DIR/MODEL.sqlite (default: temporary files)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
+    if a.keep_cache:
+        os.makedirs(a.keep_cache, exist_ok=True)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()}")
     rows = []
     t_all = time.perf_counter()
@@ -44,7 +48,10 @@ def main() -> None:
         del model, opt
         t_capture = time.perf_counter() - t0
         with tempfile.TemporaryDirectory() as d:
-            cm, st = profile(graph, a.memory, os.path.join(d, "cache.sqlite"), inputs=inputs, return_stats=True)
+            path = os.path.join(a.keep_cache or d, f"{name}.sqlite")
+            if os.path.exists(path):
+                raise SystemExit(f"{path} exists: the benchmark profiles from an empty cache")
+            cm, st = profile(graph, a.memory, path, inputs=inputs, return_stats=True)
         rows.append({"workload": w.name, "kernels": len(graph.kernels), "unique_kernels": graph.unique_signatures,
                      "measured": st.measured, "move_samples": st.move_samples_measured,
                      "capture_s": round(t_capture, 1), "profile_s": round(st.seconds, 1),

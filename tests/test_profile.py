@@ -11,6 +11,8 @@ import textwrap
 import warnings
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 from torch import nn
 
@@ -19,6 +21,8 @@ from autotm.plan import all_fast_plan
 from autotm.profile import (
     MIN_BATCH_S,
     _fit_move,
+    _isotonic,
+    _move_cost,
     cost_model_from_spec,
     environment,
     load_spec,
@@ -121,6 +125,35 @@ def test_move_fit_recovers_latency_and_bandwidth():
     # negative intercept in the data: clamped to zero latency, never negative
     fit = _fit_move([(n, max(n / 1e9 - 1e-5, 1e-7)) for n in (1 << 20, 1 << 22, 1 << 24)])
     assert fit.latency_s == 0.0 and fit.bandwidth_bytes_per_s > 0
+
+
+@given(st.lists(st.tuples(st.floats(1e-6, 1.0), st.integers(1, 9)), min_size=1, max_size=12))
+@settings(max_examples=200, deadline=None)
+def test_isotonic_fit_is_the_closest_non_decreasing_sequence(yw):
+    y, w = [a for a, _ in yw], [b for _, b in yw]
+    fit = _isotonic(y, w)
+    assert len(fit) == len(y)
+    assert all(a <= b * (1 + 1e-12) for a, b in zip(fit, fit[1:]))
+    # pooling keeps the weighted sum; a sorted input is returned as it is
+    assert sum(f * x for f, x in zip(fit, w)) == pytest.approx(sum(a * x for a, x in zip(y, w)), rel=1e-9)
+    assert _isotonic(sorted(y), w) == pytest.approx(sorted(y), rel=1e-12)
+    # no non-decreasing sequence that only moves one value is closer (a local optimality check)
+    cost = sum(x * (f - a) ** 2 for f, a, x in zip(fit, y, w))
+    for i in range(len(fit)):
+        for d in (-1e-3, 1e-3):
+            alt = list(fit)
+            alt[i] += d
+            if all(a <= b for a, b in zip(alt, alt[1:])):
+                assert sum(x * (f - a) ** 2 for f, a, x in zip(alt, y, w)) >= cost - 1e-12
+
+
+def test_one_slow_small_size_does_not_raise_the_larger_ones():
+    # 4 KiB samples slowed by the copy before them (300 us) against ~100-200 us at 16-256 KiB
+    pts = [(4096, 300e-6), (16384, 120e-6), (65536, 130e-6), (262144, 200e-6), (1 << 20, 500e-6)]
+    cost = _move_cost([p for p in pts for _ in range(5)])
+    med = dict(cost.points)
+    assert med[4096] == med[16384] == med[65536] == pytest.approx((300 + 120 + 130) / 3 * 1e-6)
+    assert med[262144] == pytest.approx(200e-6) and med[1 << 20] == pytest.approx(500e-6)
 
 
 # ---- a real model on cpu+file -------------------------------------------------------------

@@ -482,12 +482,17 @@ def test_ctrl_c_during_big_writes_leaves_nothing(tmp_path, style):
     child = subprocess.Popen([sys.executable, "-c", CTRL_C_CHILD, style, str(tmp_path)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              preexec_fn=sigint_default)
-    slow_dir = child.stdout.readline().strip()
-    assert slow_dir.startswith(str(tmp_path)), child.stderr.read()
-    time.sleep(0.5)  # several 64 MiB writes, sync and async
-    assert os.path.isdir(slow_dir)
-    child.send_signal(signal.SIGINT)
-    _, err = child.communicate(timeout=30)
+    try:
+        slow_dir = child.stdout.readline().strip()
+        assert slow_dir.startswith(str(tmp_path)), child.stderr.read()
+        time.sleep(0.5)  # several 64 MiB writes, sync and async
+        assert os.path.isdir(slow_dir)
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=30)
+    finally:  # (a child left writing would outlive the suite)
+        if child.poll() is None:
+            child.kill()
+            child.wait()
     assert "KeyboardInterrupt" in err
     assert not os.path.exists(slow_dir)
     assert os.listdir(tmp_path) == []

@@ -66,7 +66,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import mmap
 import os
 import platform
 import statistics
@@ -163,7 +162,7 @@ def environment(memory_system: str, device: torch.device | None = None,
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "memory_system": memory_system,
-        "method": 9,  # how moves are timed (9: moves of 2 MiB and more from and into touched huge-page memory as the arena's; sizes interleaved; async from its issue to its completion, host time and compute slowdown apart)
+        "method": 10,  # how moves are timed (10: after an untimed round of every size, in a shuffled order; moves of 2 MiB and more from and into touched huge-page memory as the arena's; sizes interleaved; async from its issue to its completion, host time and compute slowdown apart)
     }
     if async_engine is not None:  # cpu+file: Linux AIO or the I/O thread
         env["async_io"] = async_engine
@@ -570,12 +569,7 @@ def _read_destination(memory, h) -> torch.Tensor | None:
     length, pad = memory.read_span(h)
     if pad:
         return None
-    if h.storage_nbytes < cpu_arena.HUGE_PAGE:
-        buf = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        dst = torch.frombuffer(buf, dtype=torch.uint8, count=h.storage_nbytes)
-        dst.fill_(0)  # its pages exist, as an arena slot's do after the first iteration
-        return dst
-    return cpu_arena.arena_like(h.storage_nbytes, length)
+    return cpu_arena.arena_like(h.storage_nbytes, length, huge_pages=h.storage_nbytes >= cpu_arena.HUGE_PAGE)
 
 
 def _matmul_seconds(a: torch.Tensor, repeats: int = 30) -> float:
@@ -608,21 +602,27 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
     modes = MOVE_MODES if device_timed is not None else MOVE_MODES + (HOST, SLOWDOWN)
     keys = [(d, m) for d in DIRECTIONS for m in modes]
     # repeat-major: each size is sampled across the whole measurement, so a slow spell of
-    # the device (its small-request latency here drifted between ~70 and ~300 us over
-    # minutes) weighs on every size alike instead of biasing some
-    want = [(n, r) for r in range(repeats) for n in sizes]
+    # the device weighs on every size alike instead of biasing some; each round in its own
+    # (seeded) order: in ascending order every 4 KiB sample followed a 64 MiB one, which
+    # made it 3x slower (300 us, against 100 in the executor's runs of small moves)
+    want = [(int(sizes[i]), r) for r in range(repeats) for i in np.random.default_rng(r).permutation(len(sizes))]
     missing = [(n, r) for n, r in want if any((d, m, n, r) not in have for d, m in keys)]
     if stats is not None:
         stats.move_samples_cached += len(keys) * (len(want) - len(missing))
     load = torch.randn(192, 192)
     if missing:
-        warm = torch.zeros(sizes[0], dtype=torch.uint8)
-        h = memory.to_slow(-1, warm)  # warm-up: files, buffers and the I/O worker exist
-        memory.to_fast(h)
-        memory.free_slow(h)
-        h = memory.start_to_slow(-1, warm).wait()
-        memory.start_to_fast(h).wait()
-        memory.free_slow(h)
+        # warm-up, one untimed round of every size: files, buffers and the I/O worker exist,
+        # and the slow file's blocks have been written once, as in an executor's iterations
+        # after the first (the first round's moves were the slowest of every size, its 4 KiB
+        # async writes 1-4 ms against 20 us later: likely ext4 converting fallocated blocks)
+        for n in sizes:
+            warm = torch.zeros(n, dtype=torch.uint8)
+            if device_timed is None and n >= cpu_arena.HUGE_PAGE:
+                warm = cpu_arena.arena_like(n)
+            if device_timed is not None:
+                device_timed(warm)
+                continue
+            _host_move_seconds(memory, warm, load, _matmul_seconds(load, repeats=3))
         mm_alone = _matmul_seconds(load)
     for n, r in missing:
         # large moves from and into memory like the arena's slots: on 4 KiB pages direct I/O
@@ -646,16 +646,27 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
 
 def _move_cost(points: list[tuple[int, float]]) -> MoveCost:
     """The fit (its bandwidth carries past the largest size) and the median per size,
-    made non-decreasing in size (a larger move never predicted cheaper)."""
+    made non-decreasing in size (a larger move never predicted cheaper) by isotonic
+    regression: a running maximum let one slow small size raise every size above it."""
     fit = _fit_move(points)
     by_size: dict[int, list[float]] = {}
     for n, t in points:
         by_size.setdefault(n, []).append(t)
-    med, prev = [], 0.0
-    for n in sorted(by_size):
-        prev = max(prev, statistics.median(by_size[n]))
-        med.append((n, prev))
-    return MoveCost(fit.latency_s, fit.bandwidth_bytes_per_s, tuple(med))
+    sizes = sorted(by_size)
+    med = _isotonic([statistics.median(by_size[n]) for n in sizes], [len(by_size[n]) for n in sizes])
+    return MoveCost(fit.latency_s, fit.bandwidth_bytes_per_s, tuple(zip(sizes, med)))
+
+
+def _isotonic(y: list[float], w: list[float]) -> list[float]:
+    """The non-decreasing sequence closest to y in weighted least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for v, wt in zip(y, w):
+        blocks.append([v, wt, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, w2, c2 = blocks.pop()
+            m1, w1, c1 = blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
+    return [m for m, _, c in blocks for _ in range(c)]
 
 
 # ------------------------------------------------------------------------------ profile

@@ -29,7 +29,7 @@ FORMULATIONS = ("static", "synchronous", "asynchronous")
 BASELINES = ("all-fast", "first-touch", "lru", "all-slow")
 PINNED_ROLES = (Role.WEIGHT, Role.BUFFER, Role.OPTIMIZER_STATE, Role.INPUT, Role.SCALAR, Role.CONSTANT, Role.OUTPUT)
 
-__all__ = ["plan", "FORMULATIONS", "BASELINES", "InfeasibleBudget"]
+__all__ = ["plan", "laid_out", "FORMULATIONS", "BASELINES", "InfeasibleBudget"]
 
 
 def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str = "asynchronous", *,
@@ -122,8 +122,7 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
         if not arena:
             attempts.append(p)
             break
-        p = with_arena(p, graph, large_alignment=large_block_alignment(cost_model.memory_system),
-                       workspace=workspace if workspace.any() else None)
+        p = laid_out(p, graph, cost_model)
         p.meta["arena_fits"] = limit is None or p.arena_bytes <= limit
         attempts.append(p)
         # plan again for less: by the overshoot (the original's rule), or by the bytes lost
@@ -152,6 +151,15 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
                              + (f"; {p.meta['warning']}" if "warning" in p.meta else ""))
     p.meta["plan_seconds"] = time.perf_counter() - t0
     return p
+
+
+def laid_out(plan: Plan, graph: TrainingGraph, cost_model: CostModel) -> Plan:
+    """`plan` with its arena layout (arena.with_arena) as the executor follows it on
+    `cost_model`'s memory system: large blocks page-aligned on cpu+file, each kernel's
+    profiled workspace kept free."""
+    workspace = cost_model.workspace(len(graph.kernels))
+    return with_arena(plan, graph, large_alignment=large_block_alignment(cost_model.memory_system),
+                      workspace=workspace if workspace.any() else None)
 
 
 def large_block_alignment(memory_system: str) -> int | None:

@@ -173,12 +173,18 @@ class CpuArena:
         self.close()
 
 
-def arena_like(nbytes: int, capacity: int | None = None) -> torch.Tensor:
+def arena_like(nbytes: int, capacity: int | None = None, huge_pages: bool = True) -> torch.Tensor:
     """A touched uint8 tensor of `nbytes` in memory like the arena's: 2 MiB-aligned, with
     transparent huge pages advised, `capacity` bytes (default nbytes) mapped behind it.
     Direct I/O speed depends on it (cpu_arena.cpp, create), so the profiler times moves
-    from and into such memory."""
+    from and into such memory. huge_pages=False: a plain page-aligned mapping of 4 KiB
+    pages (where the executor puts a tensor smaller than a huge page)."""
     capacity = max(nbytes, capacity or 0)
+    if not huge_pages:
+        buf = mmap.mmap(-1, capacity, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        t = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes)
+        t.fill_(0)
+        return t
     buf = mmap.mmap(-1, capacity + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     probe = ctypes.c_char.from_buffer(buf)
     off = -ctypes.addressof(probe) % HUGE_PAGE
