@@ -13,7 +13,8 @@ from autotm.budget import parse_budget
 from autotm.costmodel import CostModel, MoveCost
 from autotm.graph import Role
 from autotm.planner import InfeasibleBudget, plan
-from autotm.planner.ilp import default_min_tensor_bytes, minimum_budget
+from autotm.planner import ilp
+from autotm.planner.ilp import default_min_tensor_bytes, minimum_budget, solve_staged
 from autotm.planner.segments import tensor_segments
 from autotm.simulate import simulate
 from autotm.validate import validate
@@ -73,6 +74,26 @@ def test_asynchronous_hides_the_copies_under_kernels():
     slow = cost_model(g, [1.0] * 6, bw=1000.0, async_bw=10.0)
     q = plan(g, slow, 102, "asynchronous", arena=False)
     assert q.meta["predicted_seconds"] == pytest.approx(6.2)
+
+
+def test_a_synchronous_start_is_made_asynchronous_before_the_solver_runs(monkeypatch):
+    # the start HiGHS gets is the synchronous plan with its copies moved under kernels where
+    # they fit (ilp._overlap_greedily): already the optimum here (the solver, watched, not replaced)
+    g = chain_with_one_big_activation()
+    cm = cost_model(g, [1.0] * 6)
+    sync_plan, _ = solve_staged(g, cm, 102, formulation="synchronous")
+    assert simulate(sync_plan, g, cm).predicted_seconds == pytest.approx(6.2)
+    starts = []
+    solve = ilp.solve_model
+
+    def watched(h, highspy, lp, x0, constant, *args):
+        starts.append(float(lp.col_cost_ @ x0 + constant))
+        return solve(h, highspy, lp, x0, constant, *args)
+    monkeypatch.setattr(ilp, "solve_model", watched)
+    p, _ = solve_staged(g, cm, 102, formulation="asynchronous", warm_start=sync_plan)
+    assert starts == [pytest.approx(6.0)]
+    validate(p, g, budget_bytes=102)
+    assert simulate(p, g, cm).predicted_seconds == pytest.approx(6.0)
 
 
 def test_async_copies_pay_their_host_time():
