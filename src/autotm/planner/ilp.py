@@ -663,6 +663,9 @@ def _overlap_greedily(x0: np.ndarray, lp, seg_vars, cap_iv, rhs: np.ndarray, yz,
         if sv.wS >= 0 and x[sv.wS] > 0.5 and sv.wX:
             todo.append((cost[sv.wS], sv.wS, sv.wX, sv, "evict"))
     todo.sort(key=lambda m: -m[0])
+
+    def local(c: int) -> float:  # the objective's terms at kernel c: y_c and z_c
+        return cost[y[c]] * x[y[c]] + (cost[z[c]] * x[z[c]] if z[c] is not None else 0.0)
     changed = False
     for _, sync_col, options, sv, kind in todo:
         for c in sorted(options, key=lambda c: -T[c]):
@@ -675,10 +678,10 @@ def _overlap_greedily(x0: np.ndarray, lp, seg_vars, cap_iv, rhs: np.ndarray, yz,
                 continue
             if kind == "evict" and any(x[p] > 0.5 and cp <= c for cp, p in sv.pX.items()):
                 continue
-            before = x[y[c]] + (x[z[c]] * cost[z[c]] if z[c] is not None else 0.0)
+            before = local(c)
             x[sync_col], x[col] = 0.0, 1.0
             set_async_overlap(x, y[c], z[c], async_terms[c], T[c], shares[c], share_max)
-            after = x[y[c]] + (x[z[c]] * cost[z[c]] if z[c] is not None else 0.0)
+            after = local(c)
             if cost[col] - cost[sync_col] + after - before < -1e-12:
                 slack[j0:j1 + 1] -= add
                 changed = True
