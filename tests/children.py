@@ -8,3 +8,11 @@ def sigint_default() -> None:
     background job inherits SIGINT ignored, and Python then installs no KeyboardInterrupt
     handler, so the child would never see the Ctrl-C the test sends."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def stop(p) -> None:
+    """In a test's `finally`: kill the child if it is still running (a child left writing
+    would outlive the suite)."""
+    if p.poll() is None:
+        p.kill()
+        p.wait()

@@ -19,7 +19,7 @@ from autotm.executor import ExecutorSession, SessionFailed
 from autotm.plan import evict_all_activations_plan
 from autotm.tiers import TierError, make_memory_system
 from autotm.validate import validate
-from children import sigint_default
+from children import sigint_default, stop
 
 SMALL_NET = """
 import torch
@@ -193,9 +193,7 @@ def test_ctrl_c_mid_run_exits_non_zero_and_leaves_no_slow_directory(tmp_path, mo
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=60)
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        stop(p)
     assert p.returncode != 0
     assert "KeyboardInterrupt" in err
     # interrupted inside an iteration (nearly always: it is where the time goes): no report,

@@ -33,7 +33,7 @@ from autotm.profile import (
 from autotm.profile_cache import SCHEMA_VERSION, CacheWarning, ProfileCache, environment_key
 from autotm.simulate import simulate
 from autotm.tiers import make_memory_system
-from children import sigint_default
+from children import sigint_default, stop
 
 SMALL_MOVES = dict(move_sizes=(64 * 1024, 1024 * 1024), move_repeats=2)
 
@@ -263,9 +263,7 @@ def test_a_killed_profiler_resumes_without_losing_measurements(tiny, tmp_path, s
             assert not line.startswith("finished")
         proc.wait(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        stop(proc)
     assert proc.returncode != 0
     with make_memory_system("cpu+file") as ms:
         assert env_key == environment_key(environment("cpu+file", None, ms.async_engine))

@@ -25,7 +25,7 @@ from autotm.tiers.base import PAGE, storage_bytes
 from autotm.tiers.file_tier import FileMemorySystem
 from autotm.tiers.mmap_tier import MmapMemorySystem
 from autotm.tiers.numa_tier import NumaMemorySystem, memory_nodes, parse_node_list
-from children import sigint_default
+from children import sigint_default, stop
 
 MiB = 1 << 20
 DIRECT_SYSTEMS = ["cpu+file", "cpu+mmap"]  # the ones that work on any machine
@@ -489,10 +489,8 @@ def test_ctrl_c_during_big_writes_leaves_nothing(tmp_path, style):
         assert os.path.isdir(slow_dir)
         child.send_signal(signal.SIGINT)
         _, err = child.communicate(timeout=30)
-    finally:  # (a child left writing would outlive the suite)
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+    finally:
+        stop(child)
     assert "KeyboardInterrupt" in err
     assert not os.path.exists(slow_dir)
     assert os.listdir(tmp_path) == []

@@ -610,29 +610,31 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
     if stats is not None:
         stats.move_samples_cached += len(keys) * (len(want) - len(missing))
     load = torch.randn(192, 192)
+
+    def sample(n: int) -> torch.Tensor:
+        """The n bytes a move is timed with. Large ones in memory like the arena's slots: on
+        4 KiB pages direct I/O was 1.5x slower here than on huge pages (tiers/cpu_arena.py,
+        arena_like); small ones from the heap (a fresh huge page per sample made them slower
+        than the executor's, test preset asynchronous plans predicted 70-115 % high)."""
+        t = torch.randint(0, 255, (n,), dtype=torch.uint8)
+        if device_timed is None and n >= cpu_arena.HUGE_PAGE:
+            t = cpu_arena.arena_like(n).copy_(t)
+        return t
+
+    def seconds(t: torch.Tensor, mm_alone: float) -> dict:
+        return device_timed(t) if device_timed is not None else _host_move_seconds(memory, t, load, mm_alone)
+
     if missing:
         # warm-up, one untimed round of every size: files, buffers and the I/O worker exist,
         # and the slow file's blocks have been written once, as in an executor's iterations
         # after the first (the first round's moves were the slowest of every size, its 4 KiB
         # async writes 1-4 ms against 20 us later: likely ext4 converting fallocated blocks)
+        rough = _matmul_seconds(load, repeats=3)
         for n in sizes:
-            warm = torch.zeros(n, dtype=torch.uint8)
-            if device_timed is None and n >= cpu_arena.HUGE_PAGE:
-                warm = cpu_arena.arena_like(n)
-            if device_timed is not None:
-                device_timed(warm)
-                continue
-            _host_move_seconds(memory, warm, load, _matmul_seconds(load, repeats=3))
+            seconds(sample(n), rough)
         mm_alone = _matmul_seconds(load)
     for n, r in missing:
-        # large moves from and into memory like the arena's slots: on 4 KiB pages direct I/O
-        # was 1.5x slower here than on huge pages (tiers/cpu_arena.py, arena_like); small
-        # ones as before, from the heap (a fresh huge page per sample made them slower than
-        # the executor's, test preset asynchronous plans predicted 70-115 % high)
-        t = torch.randint(0, 255, (n,), dtype=torch.uint8)
-        if device_timed is None and n >= cpu_arena.HUGE_PAGE:
-            t = cpu_arena.arena_like(n).copy_(t)
-        got = device_timed(t) if device_timed is not None else _host_move_seconds(memory, t, load, mm_alone)
+        got = seconds(sample(n), mm_alone)
         for (d, m), s in got.items():
             cache.put_move(env, d, m, n, r, s)
             have[(d, m, n, r)] = s

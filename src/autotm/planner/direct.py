@@ -249,7 +249,7 @@ def solve_direct(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                 V.add_cost(col, coef)
 
     rhs = (budget + extra.astype(np.float64) - graph.live_bytes.astype(np.float64) - MARGIN_BYTES) / SCALE
-    fill = capacity_chain(R, V, cap_iv, rhs, n)
+    fill, _ = capacity_chain(R, V, cap_iv, rhs, n)
     stats = ILPStats(variables=V.n, families={k: tuple(v) for k, v in R.family_counts.items()})
     if V.n == 0:
         stats.status, stats.objective, stats.bound = "Optimal", constant, constant

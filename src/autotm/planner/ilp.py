@@ -400,7 +400,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     constant_time = float(sum(T[c] for c in range(n) if c not in y))
 
     rhs = (budget + extra.astype(np.float64) - cap_const - MARGIN_BYTES) / SCALE
-    fill = capacity_chain(Rw, V, cap_iv, rhs, n)
+    fill, load_cols = capacity_chain(Rw, V, cap_iv, rhs, n)
 
     # ---- pass the model to HiGHS as arrays -----------------------------------------
     stats = ILPStats(variables=V.n, families={k: tuple(v) for k, v in Rw.family_counts.items()})
@@ -417,8 +417,8 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     x0 = (_warm_start_vector(warm_start, V.n, seg_vars, start_slow, (y, z), T, async_terms,
                              shares, cost.interference_share()) if warm_start else None)
     x0 = fill(x0) if x0 is not None else None
-    if x0 is not None and async_:
-        x0 = _overlap_greedily(x0, lp, seg_vars, cap_iv, rhs, (y, z), T, async_terms, shares,
+    if x0 is not None and async_ and load_cols is not None:
+        x0 = _overlap_greedily(x0, lp, seg_vars, cap_iv, rhs - x0[load_cols], (y, z), T, async_terms, shares,
                                cost.interference_share(), fill)
     x = solve_model(h, highspy, lp, x0, constant_time, time_limit, stats)
     if x is None:
@@ -441,10 +441,10 @@ def capacity_chain(R: _Rows, V: _Vars, cap_iv: list[tuple[int, int, int, float]]
     under half a byte; sums of whole bytes that pass L[j] <= rhs[j] + half a byte pass the
     validator's exact check.
 
-    Returns fill(x): sets the L columns of a full assignment `x` of the other variables
-    (for warm starts)."""
+    Returns (fill, L): fill(x) sets the L columns of a full assignment `x` of the other
+    variables (for warm starts); L, the columns (None without any interval)."""
     if not cap_iv:
-        return lambda x: x
+        return (lambda x: x), None
     iv = np.asarray(cap_iv, dtype=np.float64)
     j0, j1, col, coef = iv[:, 0].astype(np.int64), iv[:, 1].astype(np.int64), iv[:, 2].astype(np.int64), iv[:, 3]
     coef = coef / SCALE
@@ -473,7 +473,7 @@ def capacity_chain(R: _Rows, V: _Vars, cap_iv: list[tuple[int, int, int, float]]
         x[L] = np.cumsum(delta)[:n]
         return x
 
-    return fill
+    return fill, L
 
 
 def highs_model(highspy, V: _Vars, R: _Rows, offset: float, *, time_limit: float, mip_gap: float,
@@ -631,7 +631,7 @@ def _prefetch(sv: _SegVars, x, use: int) -> Action:
     return Action("prefetch", async_c[0], "async") if async_c else Action("prefetch", use, "sync")
 
 
-def _overlap_greedily(x0: np.ndarray, lp, seg_vars, cap_iv, rhs: np.ndarray, yz, T: np.ndarray, async_terms,
+def _overlap_greedily(x0: np.ndarray, lp, seg_vars, cap_iv, slack: np.ndarray, yz, T: np.ndarray, async_terms,
                       shares, share_max: float, fill) -> np.ndarray:
     """A better start for the asynchronous model: the start's sync moves made asynchronous,
     one at a time, wherever that keeps every row and lowers the objective (a greedy primal
@@ -639,23 +639,16 @@ def _overlap_greedily(x0: np.ndarray, lp, seg_vars, cap_iv, rhs: np.ndarray, yz,
     tight models within its time (densenet264 cpu 8:1: the start returned, gap 29 %).
 
     Per move, most expensive first, over its candidate kernels c (longest first):
-      capacity: the bytes the async column adds at its kernels fit under rhs there;
+      capacity: the bytes the async column adds at its kernels fit in `slack` there (per
+                kernel, KiB as the capacity rows count: rhs less what x0 holds);
       order:    an async evict of the segment comes before its async prefetch;
       gain:     cost[col] - cost[sync] + (y_c after - y_c before) < 0, with y_c (and z_c)
                 recomputed by set_async_overlap.
     Returns x0 itself when nothing improves or the result fails a row (never expected)."""
     y, z = yz
     cost = np.asarray(lp.col_cost_)
-    n = len(rhs)
     span = {int(col): (int(j0), int(j1), coef / SCALE) for j0, j1, col, coef in cap_iv}
-    x = x0.copy()
-    # slack per kernel (KiB, as the capacity rows count): rhs - what the start holds there
-    delta = np.zeros(n + 1)
-    for col, (j0, j1, c) in span.items():
-        if x[col] > 0.5:
-            delta[j0] += c
-            delta[j1 + 1] -= c
-    slack = rhs - np.cumsum(delta)[:n]
+    x, slack = x0.copy(), slack.copy()
     todo = []
     for sv in seg_vars.values():
         if sv.pS >= 0 and x[sv.pS] > 0.5 and sv.pX:
