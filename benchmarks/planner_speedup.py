@@ -107,7 +107,7 @@ def main() -> None:
 def _main_isolated(args) -> None:
     planners = (PLANNERS + (("synchronous*", "asynchronous*") if args.untrimmed else ())
                 + (("synchronous-heap", "asynchronous-heap") if args.heap else ()))
-    rows, predicted, bounds = [], {}, {}
+    rows, predicted, bounds, drift = [], {}, {}, []
     print(f"{'model':<34} {'ratio':>5} {'planner':<17} {'measured s':>10} {'/all-fast':>9} {'predicted s':>11} "
           f"{'bound s':>8} {'moved MiB':>9}", flush=True)
     if args.cache is None:  # one cache for the children: each profiles nothing the first did
@@ -135,6 +135,17 @@ def _main_isolated(args) -> None:
                 bound = f"{r['bound']:>8.3f}" if r.get("bound") is not None else f"{'':>8}"
                 print(f"{name:<34} {ratio:>5} {planner:<17} {t:>10.3f} {t / fast['measured']:>9.2f} "
                       f"{r['predicted']:>11.3f} {bound} {r['moved'] / 2**20:>9.0f}", flush=True)
+        # all-fast once more: how far the machine's speed moved while this model's plans ran
+        again = _in_child(args, model, "1:0", "all-fast")
+        if "measured" in again:
+            d = again["measured"] / fast["measured"] - 1
+            drift.append(abs(d))
+            print(f"{name:<34} {'':>5} {'all-fast again':<17} {again['measured']:>10.3f} "
+                  f"{again['measured'] / fast['measured']:>9.2f}   (the machine's drift over this model: {100 * d:+.1f} %)",
+                  flush=True)
+    if drift:
+        print(f"\nall-fast measured again after each model's plans: drift median {100 * sorted(drift)[len(drift) // 2]:.1f} %, "
+              f"max {100 * max(drift):.1f} % (ratios to all-fast are this uncertain)")
     _summary(rows, predicted, bounds)
 
 

@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 import warnings
 
 import pytest
@@ -103,6 +104,25 @@ def test_time_call_batches_short_calls_and_takes_the_median():
     assert 0 < seconds < 1
 
 
+def test_wake_seconds_pool_each_signatures_excess_over_its_positions():
+    # kernels a b a b c: a is 10 us slower cold, b 4 us slower as the second kernel after a
+    # move; per position the warm times differ (a at 100 and 120 us) and one position's
+    # samples are noise, which the median over a signature's positions rejects
+    from autotm.profile import wake_seconds
+
+    sigs = ["a", "b", "a", "b", "c"]
+    g = SimpleNamespace(kernels=[SimpleNamespace(signature=s) for s in sigs])
+    warm = [100e-6, 50e-6, 120e-6, 50e-6, 30e-6]
+    cold = [w + (10e-6 if s == "a" else 0.0) for w, s in zip(warm, sigs)]
+    second = [w + (4e-6 if s == "b" else 0.0) for w, s in zip(warm, sigs)]
+    cold[4] -= 5e-6  # c: faster cold (noise): no negative excess
+    samples = {"cold": [[c, c * 1.01, c] for c in cold], "second": [[x] * 3 for x in second],
+               "warm": [[w] * 3 for w in warm]}
+    W = wake_seconds(g, samples)
+    # W_k = cold excess of sig(k) + second excess of sig(k + 1)
+    assert W == pytest.approx([10e-6 + 4e-6, 0.0, 10e-6 + 4e-6, 0.0, 0.0], abs=1e-12)
+
+
 def test_in_situ_rule():
     from autotm.profile import LONG_KERNEL_S, MAX_ITERATIONS, insitu_done, insitu_estimate
 
@@ -186,6 +206,8 @@ def test_profile_times_every_kernel_then_hits_the_cache(tiny, memory, tmp_path):
         assert s >= rows[(k.signature, "fast")] > 0
     # the simulated all-fast plan is the sum of the kernel times
     assert simulate(all_fast_plan(g), g, cm).predicted_seconds == pytest.approx(sum(cm.kernel_seconds))
+    # each kernel timed after a blocking move (cpu+file's moves leave the thread idle)
+    assert len(cm.wake_seconds) == len(g.kernels) and all(0 <= w < 1 for w in cm.wake_seconds)
 
     cm2, st2 = profile(g, memory, path, inputs=inputs, return_stats=True, **SMALL_MOVES)
     assert st2.nothing_new and "nothing new" in st2.message()

@@ -219,3 +219,32 @@ def test_kernel_time_and_json_round_trip():
     back = CostModel.from_json(cm.to_json())
     assert back == cm
     assert operand_tensors((3, 1), (1, 2)) == (3, 1, 2)
+
+
+def test_kernels_after_an_idle_wait_pay_their_wake_time():
+    # W_k: what kernels k and k + 1 lose when the thread waited idle on the slow tier before k
+    g = g5()
+    W = (0.01, 0.02, 0.04, 0.08, 0.16)
+    cm = CostModel(g.fingerprint, "hand", "staged", KSEC, {}, MOVES, False, {}, wake_seconds=W)
+    plain = cost_model(g)
+
+    def extra(actions):
+        p = plan_with(g, actions)
+        sim, base = simulate(p, g, cm), simulate(p, g, plain)
+        assert sim.predicted_seconds == pytest.approx(base.predicted_seconds + sim.wake_seconds)
+        return sim.wake_seconds
+
+    # sync copies before k2 and k4
+    assert extra({1: [Action("evict", 2, "sync"), Action("prefetch", 4, "sync")]}) == pytest.approx(0.04 + 0.16)
+    # two sync prefetches before k4 wake it once; a1's async write over k3 (1000 B / 100 B/s
+    # = 10 s > 4 s) also ends in a wait before k4; w's sync write wakes k1
+    assert extra({1: [Action("evict", 3, "async"), Action("prefetch", 4, "sync")],
+                  0: [Action("evict", 1, "sync"), Action("prefetch", 4, "sync")]}) == pytest.approx(0.02 + 0.16)
+    # an async copy longer than its kernel wakes the next one: a1 over k2 (10 s > 3 s)
+    assert extra({1: [Action("evict", 2, "async"), Action("prefetch", 4, "sync")]}) == pytest.approx(0.08 + 0.16)
+    # copies shorter than their kernels leave nothing to wake from
+    # (w: 100 B written over k1 in 1 s < 2 s, read over k3 in 0.5 s < 4 s)
+    assert extra({0: [Action("evict", 1, "async"), Action("prefetch", 3, "async")]}) == 0.0
+    assert extra({}) == 0.0
+    assert CostModel.from_json(cm.to_json()) == cm
+    assert plain.wake(5).tolist() == [0.0] * 5 and cm.wake(5).tolist() == list(W)

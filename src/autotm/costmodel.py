@@ -28,6 +28,10 @@ Produced by `autotm.profile.profile` (measured on a real memory system) or by
   frees while it runs, beyond its outputs (oneDNN's reorder buffers and scratchpads,
   im2col): fast memory the kernel needs that no tensor of the graph names. The planners
   keep that much of the budget free at k. Empty: 0 for every kernel.
+- ``wake_seconds[k]`` (profiled tiers whose sync moves leave the compute thread idle,
+  optional): W_k, the seconds kernel k and kernel k + 1 together take beyond their
+  profiled times when the thread waited on the slow tier just before k (its threads
+  went to sleep and its caches cold; see :meth:`woken`). Empty: 0 for every kernel.
 """
 
 from __future__ import annotations
@@ -92,6 +96,7 @@ class CostModel:
     async_overlap: bool = False
     workspace_bytes: tuple[int, ...] = ()  # per kernel; () = not profiled (0)
     copy_interference: dict = field(default_factory=dict)  # direction -> slowdown; {} = none
+    wake_seconds: tuple[float, ...] = ()  # per kernel W_k; () = not profiled (0)
 
     # ---- queries ----------------------------------------------------------------------
     def kernel_time(self, k: int, placement: tuple[str, ...] | None = None) -> float:
@@ -135,6 +140,28 @@ class CostModel:
         if self.workspace_bytes:
             w[:] = self.workspace_bytes
         return w
+
+    def wake(self, n_kernels: int) -> np.ndarray:
+        """Per kernel, W_k (numpy float; zeros where not profiled)."""
+        w = np.zeros(n_kernels)
+        if self.wake_seconds:
+            w[:] = self.wake_seconds
+        return w
+
+    def woken(self, k: int, sync_copies: bool, async_copies_before: Iterable[tuple[int, str]] = ()) -> bool:
+        """Does kernel k start after the compute thread waited idle on the slow tier? Yes when
+        a sync copy (an evict or prefetch that costs time) comes right before it, or when an
+        async copy (nbytes, direction) over kernel k - 1 takes longer than that kernel alone
+        (the thread waits for its completion). Only where W_k was profiled. The planner's
+        wake rows (ilp.solve_staged) encode exactly this rule."""
+        if not self.wake_seconds or self.wake_seconds[k] <= 0.0:
+            return False
+        if sync_copies:
+            return True
+        if k == 0:
+            return False
+        before = self.kernel_seconds[k - 1]
+        return any(self.move_seconds(nb, d, "async") > before for nb, d in async_copies_before)
 
     def interference_share(self, direction: str | None = None) -> float:
         """g = s / (1 + s) for slowdown s: the share of an async copy's time its kernel
@@ -205,6 +232,7 @@ class CostModel:
             "kernel_seconds": list(self.kernel_seconds),
             "workspace_bytes": list(self.workspace_bytes),
             "copy_interference": dict(self.copy_interference),
+            "wake_seconds": list(self.wake_seconds),
             "placement_seconds": {str(k): [[list(p), s] for p, s in table.items()]
                                   for k, table in sorted(self.placement_seconds.items())},
         }
@@ -236,6 +264,7 @@ class CostModel:
                 async_overlap=bool(d.get("async_overlap", False)),
                 workspace_bytes=tuple(int(x) for x in d.get("workspace_bytes", ())),
                 copy_interference={str(k): float(v) for k, v in d.get("copy_interference", {}).items()},
+                wake_seconds=tuple(float(x) for x in d.get("wake_seconds", ())),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed cost model JSON: {e!r}") from None

@@ -80,7 +80,7 @@ import torch
 import torch.fx as fx
 
 from .costmodel import DIRECTIONS, HOST, MOVE_MODES, SLOWDOWN, CostModel, MoveCost, operand_tensors
-from .graph import TrainingGraph
+from .graph import Role, TrainingGraph
 from .profile_cache import ProfileCache
 from .replay import Replay, on_device
 from .tiers import cpu_arena
@@ -99,6 +99,11 @@ LONG_KERNEL_S = 0.25  # in-situ sampling: this much sampled time of a kernel is 
 # ---- moves -------------------------------------------------------------------------------
 MOVE_SIZES = tuple(4096 * 4 ** i for i in range(8))  # 4 KiB .. 64 MiB
 MOVE_REPEATS = 5
+
+# ---- kernels after a blocking move (memory systems with idle_sync_moves) --------------------
+WAKE_ROUNDS = 3  # replay iterations per phase of WakeReplay
+WAKE_PAUSE_BYTES = (1 << 20, 64 << 20)  # the blocking move's bytes: at least, at most (wake_pause_bytes)
+WAKE_ROLES = ("cold", "second", "warm")
 
 # Direct access: kernels with at most this many unique operands get every placement;
 # others get all-slow and the single-slow placements (CostModel.kernel_time adds them up).
@@ -437,6 +442,99 @@ class ProfilingReplay(Replay):
             torch.set_rng_state(rng)
 
 
+class WakeReplay(Replay):
+    """Times every kernel where it runs, some of them right after a blocking sync move.
+
+    In phase p (0, 1, 2) the iteration writes `pause_bytes` to the slow tier (sync, the
+    thread waits in the I/O) before each kernel k with k % 3 == p: kernel k is timed
+    "cold", k + 1 "second", k + 2 "warm" (in executor runs the excess over the profile was
+    +41 us at a kernel right after sync moves, +52 us at the next, none at the one after:
+    densenet264 test preset). Three phases time every position in every role; each
+    iteration appends one sample per kernel to samples[role][k]."""
+
+    def __init__(self, graph: TrainingGraph, memory, samples: dict[str, list[list[float]]], pause_bytes: int):
+        super().__init__(graph)
+        self.memory = memory
+        self.samples = samples
+        self.phase = 0
+        self.pause = torch.randint(0, 255, (pause_bytes,), dtype=torch.uint8)
+
+    def run_kernel(self, k: int) -> None:
+        role = (k - self.phase) % 3
+        if role == 0:
+            self.memory.free_slow(self.memory.to_slow(-1, self.pause))
+        t0 = time.perf_counter()
+        super().run_kernel(k)
+        self.samples[WAKE_ROLES[role]][k].append(time.perf_counter() - t0)
+
+
+def wake_pause_bytes(graph: TrainingGraph) -> int:
+    """The blocking move WakeReplay times kernels after: as long as a typical move of the
+    plans, the bytes-weighted median activation (half of the activations' bytes are in
+    larger ones), within WAKE_PAUSE_BYTES. The longer the thread waits, the colder the next
+    kernels (resnet50 cpu preset, mean excess of a kernel right after a write of 1 MiB
+    ~0 us, of 16 MiB 200 us, of 64 MiB 700 us; sync evict-all plans measured 920 us)."""
+    sizes = np.sort(np.asarray([t.nbytes for t in graph.tensors if t.role == Role.ACTIVATION], dtype=np.int64))
+    lo, hi = WAKE_PAUSE_BYTES
+    if not len(sizes):
+        return lo
+    half = sizes[int(np.searchsorted(np.cumsum(sizes), sizes.sum() / 2))]
+    return int(min(max(int(half), lo), hi))
+
+
+def wake_seconds(graph: TrainingGraph, samples: dict[str, list[list[float]]]) -> tuple[float, ...]:
+    """W_k from WakeReplay's samples: per position, the median cold (second) time less the
+    median warm one; per signature, the median of that over its positions (one kernel's
+    samples are few and noisy, a signature's positions many); then
+        W_k = max(0, cold excess of sig(k)) + max(0, second excess of sig(k + 1))."""
+    med = {r: [statistics.median(x) if x else math.nan for x in samples[r]] for r in WAKE_ROLES}
+    by_sig: dict[str, tuple[list[float], list[float]]] = {}
+    for k, kern in enumerate(graph.kernels):
+        c, e = by_sig.setdefault(kern.signature, ([], []))
+        if not math.isnan(med["warm"][k]):
+            if not math.isnan(med["cold"][k]):
+                c.append(med["cold"][k] - med["warm"][k])
+            if not math.isnan(med["second"][k]):
+                e.append(med["second"][k] - med["warm"][k])
+    cold = {s: max(0.0, statistics.median(c)) if c else 0.0 for s, (c, _) in by_sig.items()}
+    second = {s: max(0.0, statistics.median(e)) if e else 0.0 for s, (_, e) in by_sig.items()}
+    ks = graph.kernels
+    return tuple(cold[ks[k].signature] + (second[ks[k + 1].signature] if k + 1 < len(ks) else 0.0)
+                 for k in range(len(ks)))
+
+
+def cached_wake_samples(graph: TrainingGraph, db: ProfileCache, env: str, recache: bool = False) -> tuple[dict, int]:
+    """(samples, iterations done) of WakeReplay for `graph` from the cache (fresh if none,
+    or of another pause size)."""
+    n = len(graph.kernels)
+    pause = wake_pause_bytes(graph)
+    samples = None if recache else db.wake_samples(env, graph.fingerprint)
+    if (samples is None or samples.get("pause_bytes") != pause
+            or any(len(samples.get(r, ())) != n for r in WAKE_ROLES)):
+        samples = {"pause_bytes": pause, **{r: [[] for _ in range(n)] for r in WAKE_ROLES}}
+    return samples, (sum(len(samples[r][0]) for r in WAKE_ROLES) if n else 0)
+
+
+def measure_wakes(graph: TrainingGraph, memory, db: ProfileCache, env: str, inputs, *, rounds: int = WAKE_ROUNDS,
+                  recache: bool = False, stats: ProfileStats | None = None,
+                  progress: Callable[[str], None] | None = None) -> tuple[float, ...]:
+    """W_k for every kernel of `graph` (wake_seconds), from 3 x `rounds` WakeReplay
+    iterations; the samples are committed after each iteration (a killed profile resumes)."""
+    samples, done = cached_wake_samples(graph, db, env, recache)
+    replay = WakeReplay(graph, memory, samples, samples["pause_bytes"])
+    while graph.kernels and done < 3 * rounds:
+        replay.phase = done % 3
+        with torch.no_grad():
+            replay.run(dict(inputs))
+        db.put_wake_samples(env, graph.fingerprint, samples)
+        done += 1
+        if stats is not None:
+            stats.iterations += 1
+        if progress is not None:
+            progress("kernels after a blocking move")
+    return wake_seconds(graph, samples)
+
+
 def insitu_estimate(groups: list[list[float]]) -> float:
     """Seconds of a signature from its in-situ samples, one group per iteration: the median
     over iterations of the mean over the signature's occurrences in that iteration.
@@ -686,7 +784,8 @@ def _open_cache(cache) -> tuple[ProfileCache, bool]:
 def profile(graph: TrainingGraph, memory_system, cache: ProfileCache | str | os.PathLike | None = None, *,
             inputs: Mapping[int, torch.Tensor] | None = None, recache: bool = False,
             progress: Progress | None = None, return_stats: bool = False,
-            move_sizes: tuple[int, ...] = MOVE_SIZES, move_repeats: int = MOVE_REPEATS):
+            move_sizes: tuple[int, ...] = MOVE_SIZES, move_repeats: int = MOVE_REPEATS,
+            wake_rounds: int = WAKE_ROUNDS):
     """Profile `graph` on `memory_system` and return its CostModel.
 
     Args:
@@ -701,6 +800,8 @@ def profile(graph: TrainingGraph, memory_system, cache: ProfileCache | str | os.
         progress: called as progress(done, total, what) after each measurement.
         return_stats: return (CostModel, ProfileStats) instead of the CostModel.
         move_sizes, move_repeats: the sizes (bytes) and repeats of the move measurements.
+        wake_rounds: replay iterations per phase timing the kernels after a blocking move
+            (memory systems with idle_sync_moves; 0: none, CostModel.wake_seconds empty).
     """
     if isinstance(memory_system, str) and memory_system.startswith("sim:"):
         cm, stats = _profile_sim(graph, memory_system, cache, recache=recache)
@@ -712,7 +813,8 @@ def profile(graph: TrainingGraph, memory_system, cache: ProfileCache | str | os.
         memory_system = owned = make_memory_system(memory_system)
     try:
         cm, stats = _profile_real(graph, memory_system, cache, inputs=inputs, recache=recache,
-                                  progress=progress, move_sizes=tuple(move_sizes), move_repeats=move_repeats)
+                                  progress=progress, move_sizes=tuple(move_sizes), move_repeats=move_repeats,
+                                  n_wake_rounds=wake_rounds)
     finally:
         if owned is not None:
             owned.close()
@@ -720,7 +822,7 @@ def profile(graph: TrainingGraph, memory_system, cache: ProfileCache | str | os.
     return (cm, stats) if return_stats else cm
 
 
-def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes, move_repeats):
+def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes, move_repeats, n_wake_rounds):
     if graph.fake:
         raise ValueError(f"graph {graph.name} was captured on fake tensors: it cannot be timed on "
                          f"{memory.name}; capture it on real tensors, or profile on a sim:<spec> system")
@@ -766,7 +868,9 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
                 else:
                     batch_jobs.setdefault(k, []).append((p, key))
         n_move = len(move_sizes) * move_repeats
-        total = len(need) + sum(len(v) for v in batch_jobs.values()) + n_move
+        wake_on = getattr(memory, "idle_sync_moves", False) and n_wake_rounds > 0
+        n_wake = max(0, 3 * n_wake_rounds - cached_wake_samples(graph, db, env, recache)[1]) if wake_on else 0
+        total = len(need) + sum(len(v) for v in batch_jobs.values()) + n_move + n_wake
         done = [0]
 
         def tick(what: str) -> None:
@@ -836,6 +940,12 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
                 if it > MAX_ITERATIONS + 2:  # cannot happen while insitu_done caps iterations
                     raise RuntimeError(f"profiling {graph.name}: kernels still unmeasured after {it} iterations: "
                                        f"{sorted(need)[:3]}")
+        wake: tuple[float, ...] = ()
+        if wake_on:
+            if n_wake and inputs is None:
+                inputs = synthetic_inputs(graph)
+            wake = measure_wakes(graph, memory, db, env, inputs, rounds=n_wake_rounds, recache=recache, stats=stats,
+                                 progress=tick)
         after = [statistics.median(x) for x in pos]
         kernel_seconds = tuple(have[(k.signature, "fast")] + after[i] for i, k in enumerate(graph.kernels))
         placement_seconds: dict[int, dict[tuple[str, ...], float]] = {}
@@ -854,7 +964,7 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
                        async_overlap=getattr(memory, "async_engine", None) == "aio",
                        workspace_bytes=tuple(workspace.get(k.signature, 0) for k in graph.kernels)
                        if workspace else (),
-                       copy_interference=slowdown)
+                       copy_interference=slowdown, wake_seconds=wake)
         return cm, stats
     finally:
         if owned:

@@ -7,6 +7,8 @@ count, torch version, memory system; stored once, referred to by its hash), then
 - pending in-situ samples of kernels not final yet: (environment, signature) -> samples;
 - per-position samples of the interpreter's work after each kernel of one graph (freeing
   the tensors that die there): (environment, graph fingerprint) -> samples per kernel;
+  and, in the same table, of each kernel's time after a blocking move (key fingerprint
+  + ":wake");
 - move samples: (environment, direction, mode, bytes, repeat) -> seconds;
 - values: (environment, name) -> a number (e.g. the measured peak FLOP/s).
 
@@ -207,6 +209,13 @@ class ProfileCache:
 
     def put_position_samples(self, env: str, graph: str, samples: list[list[float]]) -> None:
         self._db.execute("INSERT OR REPLACE INTO positions VALUES (?, ?, ?)", (env, graph, json.dumps(samples)))
+
+    # kernels timed after a blocking move (profile.WakeReplay): per role, samples per kernel
+    def wake_samples(self, env: str, graph: str) -> dict[str, list[list[float]]] | None:
+        return self.position_samples(env, graph + ":wake")
+
+    def put_wake_samples(self, env: str, graph: str, samples: dict[str, list[list[float]]]) -> None:
+        self.put_position_samples(env, graph + ":wake", samples)
 
     def forget(self, env: str) -> None:
         """Drop every measurement of `env`."""

@@ -4,7 +4,7 @@ This module is THE definition of a plan's predicted iteration time. It walks the
 timeline of `autotm.plan` with `autotm.validate.PlanReplay` (so a plan the validator
 rejects is rejected here too) and charges, with c = cost_model:
 
-    T = T_in + sum_k [ S_k + H_k + max(K_k, A_k, K_k + I_k) ] + T_out
+    T = T_in + sum_k [ S_k + H_k + max(K_k, A_k, K_k + I_k) + u_k W_k ] + T_out
 
     S_k  = sum over sync moves m at k of c.move_seconds(m.nbytes, dir(m), "sync")
            dir(evict) = "to_slow", dir(prefetch) = "to_fast", drop costs 0
@@ -28,6 +28,10 @@ rejects is rejected here too) and charges, with c = cost_model:
            copy of A seconds costs it g A = s / (1 + s) A; if K (1 + s) <= A the kernel
            ends inside the copy and A_k alone counts (max of the three); g* is the larger
            direction's g
+    u_k  = 1 if kernel k starts after the compute thread waited idle on the slow tier:
+           a sync copy at k (S_k > 0), or an async copy m at k - 1 with
+           c.move_seconds(m.nbytes, dir(m), "async") > K_{k-1} (CostModel.woken); else 0
+    W_k  = c.wake_seconds[k]: what kernels k and k + 1 lose then (0 where not profiled)
     T_in = sum over graph inputs that start slow and are not carried between iterations
            (the batch, per-iteration scalars) of c.move_seconds(nbytes, "to_slow", "sync")
            (the executor writes them to slow memory when it places the inputs)
@@ -38,7 +42,7 @@ rejects is rejected here too) and charges, with c = cost_model:
            c.move_seconds(nbytes, "to_fast", "sync")
 
 `Simulation.kernel_seconds[k]` is max(K_k, A_k, K_k + I_k), the effective time of kernel k with its
-overlapping copies; `sync_move_seconds` is sum_k S_k + T_in + T_out; `async_host_seconds`
+overlapping copies; `wake_seconds` is sum_k u_k W_k; `sync_move_seconds` is sum_k S_k + T_in + T_out; `async_host_seconds`
 is sum_k H_k. `fast_bytes[k]` is
 the fast-tier bytes while kernel k runs (the validator's step-3 value).
 """
@@ -67,6 +71,7 @@ class Simulation:
     simulated: bool  # the cost model came from a hypothetical tier spec
     async_move_seconds: float = 0.0  # every async copy (hidden behind kernels where they are longer)
     async_host_seconds: float = 0.0  # the issuing thread's own time for the async copies (H_k)
+    wake_seconds: float = 0.0  # kernels slowed after the thread waited idle on the slow tier (u_k W_k)
 
 
 def _move_seconds(cm: CostModel, m: Move, mode: str) -> float:
@@ -115,6 +120,9 @@ def simulate(plan: Plan, graph: TrainingGraph, cost_model: CostModel) -> Simulat
     sync_total = 0.0
     async_total = 0.0
     host_total = 0.0
+    wake_total = 0.0
+    wake = cm.wake(n)
+    copies_before: list[tuple[int, str]] = []  # the async copies over the previous kernel
     initial = {tp.id: tp.initial for tp in plan.tensors}
     p = graph.program
 
@@ -139,6 +147,9 @@ def simulate(plan: Plan, graph: TrainingGraph, cost_model: CostModel) -> Simulat
             placement = tuple("slow" if t in slow else "fast" for t in operand_tensors(kern.inputs, kern.outputs))
         kt = cm.kernel_time(k, placement)
         eff[k] = max(kt, a, kt + slowed)
+        if cm.woken(k, s > 0.0, copies_before):
+            wake_total += wake[k]
+        copies_before = copies
         sync_total += s
         async_total += a
         fast[k] = step.fast_bytes
@@ -155,8 +166,9 @@ def simulate(plan: Plan, graph: TrainingGraph, cost_model: CostModel) -> Simulat
             elif not end_fast[tid]:
                 sync_total += cm.move_seconds(nb, "to_fast", "sync")
 
-    sim = Simulation(predicted_seconds=float(eff.sum() + sync_total + host_total), kernel_seconds=eff,
+    sim = Simulation(predicted_seconds=float(eff.sum() + sync_total + host_total + wake_total), kernel_seconds=eff,
                      sync_move_seconds=float(sync_total), fast_bytes=fast,
                      peak_fast_bytes=int(fast.max()) if n else 0, simulated=cm.simulated,
-                     async_move_seconds=float(async_total), async_host_seconds=float(host_total))
+                     async_move_seconds=float(async_total), async_host_seconds=float(host_total),
+                     wake_seconds=float(wake_total))
     return sim

@@ -11,6 +11,7 @@ Notation (one tensor t of size s_t, one movable segment g of it; see segments.py
     pS[g]   the prefetch ending g is synchronous, before the use after g
     pX[g,c] the prefetch ending g overlaps kernel c (window before the use)
     y[c]    >= 0, continuous: time of kernel c with its async copies
+    u[b]    in [0, 1], continuous: kernel b starts after the compute thread waited idle
 
   Residency of t at a kernel j inside g (1 = in fast memory at step 3 of the timeline):
     R[t,j] = 1 - a[g] + sum_{c >= j} wX[g,c] + sum_{c <= j} pX[g,c],  a[g] = wA[g] + dA[g]
@@ -32,15 +33,20 @@ Notation (one tensor t of size s_t, one movable segment g of it; see segments.py
                          cost and the others' bytes (= the plain sum when copies do not overlap)
     async slowdown:      y[c] >= T_c + sum_m g_m a_m x_m + g* z[c]   (the kernel computes slower
                          while copies are in flight; g = CostModel.interference_share)
+    wake:                u[b] >= x  for every copy column x that leaves the thread idle right
+                         before kernel b: wS[g] (b = start(g)), pS[g] (b = the use after g), and
+                         wX[g,c], pX[g,c] whose async time exceeds T_c (b = c + 1; the thread
+                         waits for the copy after kernel c) (CostModel.woken); only where W_b > 0
 
   Objective (predicted iteration seconds, exactly what autotm.simulate computes):
     min  sum_{c without async} T_c + sum_{c with async} y[c]
          + sum_g wS[g] m(s, to_slow, sync) + sum_g pS[g] m(s, to_fast, sync)
          + sum_{g,c} wX[g,c] h(s, to_slow) + sum_{g,c} pX[g,c] h(s, to_fast)
+         + sum_b W_b u[b]
 
   where m(s, direction, mode) = latency + s / bandwidth from the cost model and h(s, dir)
-  = CostModel.async_host_seconds, the issuing thread's own part of an async copy. The
-  synchronous formulation has no wX, pX, y. Bytes are scaled to KiB inside the model only.
+  = CostModel.async_host_seconds, the issuing thread's own part of an async copy, and
+  W_b = CostModel.wake_seconds[b]. The synchronous formulation has no wX, pX, y. Bytes are scaled to KiB inside the model only.
 """
 
 from __future__ import annotations
@@ -165,6 +171,40 @@ class _SegVars:
     pS: int = -1
     wX: dict = field(default_factory=dict)  # kernel -> column
     pX: dict = field(default_factory=dict)
+
+
+@dataclass
+class _Wakes:
+    """The wake rows' bookkeeping: u[b] >= x for each copy column x in links[b]."""
+    u: dict = field(default_factory=dict)  # kernel b -> u column
+    links: dict = field(default_factory=dict)  # kernel b -> copy columns
+    at: dict = field(default_factory=dict)  # copy column -> kernel b
+
+    def set(self, x: np.ndarray, kernels=None) -> np.ndarray:
+        """Warm starts: u[b] = max of its copy columns (at `kernels`, default all)."""
+        for b in self.u if kernels is None else kernels:
+            if b in self.u:
+                x[self.u[b]] = max((x[c] for c in self.links[b]), default=0.0)
+        return x
+
+
+def add_wakes(V: "_Vars", R: "_Rows", links: list[tuple[int, int]], W: np.ndarray) -> _Wakes:
+    """u[b] in [0, 1] with cost W_b, and u[b] - x <= 0 for each (x, b) in `links` with W_b > 0
+    (continuous u: the minimum makes it max_x x, which is 0 or 1)."""
+    wk = _Wakes()
+    links = [(col, b) for col, b in links if W[b] > 0.0]
+    for col, b in links:
+        wk.links.setdefault(b, []).append(col)
+        wk.at[col] = b
+    for b in sorted(wk.links):
+        wk.u[b] = int(V.add(1, cost=W[b], integer=False)[0])
+    if links:
+        cols = np.asarray([c for c, _ in links], dtype=np.int64)
+        ucols = np.asarray([wk.u[b] for _, b in links], dtype=np.int64)
+        r = np.arange(len(links))
+        R.add_block("wake", np.concatenate([r, r]), np.concatenate([cols, ucols]),
+                    np.concatenate([np.ones(len(r)), -np.ones(len(r))]), np.full(len(r), -np.inf), np.zeros(len(r)))
+    return wk
 
 
 def add_async_overlap(V: "_Vars", R: "_Rows", y: int, terms: list[tuple[int, float, float]]) -> int | None:
@@ -298,6 +338,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     start_slow: dict[int, int] = {}
     async_terms: dict[int, list[tuple[int, float, float]]] = {}  # kernel -> (col, full, marginal)
     shares: dict[int, list[float]] = {}  # kernel -> per async term, its interference share g
+    idle: list[tuple[int, int]] = []  # (copy column, kernel b): the copy leaves the thread idle before b
     g_read, g_write = cost.interference_share("to_fast"), cost.interference_share("to_slow")
     # capacity terms as intervals: variable `col` adds `coef` bytes at kernels j0..j1
     cap_iv: list[tuple[int, int, int, float]] = []
@@ -325,12 +366,15 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
             if seg.kind == "initial":
                 # absent = st; prefetch before the first use
                 sv.pS = int(V.add(1, cost=r_sync)[0])
+                idle.append((sv.pS, hi + 1))
                 cap_add(lo, hi, st, -s)
                 choice = [sv.pS]
                 if async_:
                     for c in _candidates(range(max(0, hi + 1 - window), hi + 1), T, r_async, candidates):
                         col = int(V.add(1, cost=r_host)[0])
                         sv.pX[c] = col
+                        if r_async > T[c] and c + 1 < n:
+                            idle.append((col, c + 1))
                         async_terms.setdefault(c, []).append((col, r_async, r_async_m))
                         shares.setdefault(c, []).append(g_read)
                         cap_add(c, hi, col, s)
@@ -345,12 +389,16 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
             empty = hi < lo
             # evict choice: wS + sum wX = wA (an empty final segment is the carry write)
             sv.wS = int(V.add(1, cost=w_sync)[0])
+            if not empty:  # (the carry write comes after the last kernel)
+                idle.append((sv.wS, lo))
             evict = [sv.wS]
             if async_ and not empty:
                 last = hi if seg.kind == "final" else hi - 1  # leave room for the prefetch
                 for c in _candidates(range(lo, min(lo + window - 1, last) + 1), T, w_async, candidates):
                     col = int(V.add(1, cost=w_host)[0])
                     sv.wX[c] = col
+                    if w_async > T[c] and c + 1 < n:
+                        idle.append((col, c + 1))
                     async_terms.setdefault(c, []).append((col, w_async, w_async_m))
                     shares.setdefault(c, []).append(g_write)
                     cap_add(lo, c, col, s)
@@ -361,12 +409,15 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                 cap_add(lo, hi, sv.dA, -s)
             if seg.kind == "gap":
                 sv.pS = int(V.add(1, cost=r_sync)[0])
+                idle.append((sv.pS, hi + 1))
                 pre = [sv.pS]
                 if async_:
                     # not at lo: a sync evict or drop happens there
                     for c in _candidates(range(max(lo + 1, hi + 1 - window), hi + 1), T, r_async, candidates):
                         col = int(V.add(1, cost=r_host)[0])
                         sv.pX[c] = col
+                        if r_async > T[c] and c + 1 < n:
+                            idle.append((col, c + 1))
                         async_terms.setdefault(c, []).append((col, r_async, r_async_m))
                         shares.setdefault(c, []).append(g_read)
                         cap_add(c, hi, col, s)
@@ -398,6 +449,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
         z[c] = add_async_overlap(V, Rw, col, terms)
         add_async_slowdown(Rw, col, z[c], terms, shares[c], cost.interference_share(), T[c])
     constant_time = float(sum(T[c] for c in range(n) if c not in y))
+    wakes = add_wakes(V, Rw, idle, cost.wake(n))
 
     rhs = (budget + extra.astype(np.float64) - cap_const - MARGIN_BYTES) / SCALE
     fill, load_cols = capacity_chain(Rw, V, cap_iv, rhs, n)
@@ -416,10 +468,10 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
 
     x0 = (_warm_start_vector(warm_start, V.n, seg_vars, start_slow, (y, z), T, async_terms,
                              shares, cost.interference_share()) if warm_start else None)
-    x0 = fill(x0) if x0 is not None else None
+    x0 = fill(wakes.set(x0)) if x0 is not None else None
     if x0 is not None and async_ and load_cols is not None:
         x0 = _overlap_greedily(x0, lp, seg_vars, cap_iv, rhs - x0[load_cols], (y, z), T, async_terms, shares,
-                               cost.interference_share(), fill)
+                               cost.interference_share(), fill, wakes)
     x = solve_model(h, highspy, lp, x0, constant_time, time_limit, stats)
     if x is None:
         raise InfeasibleBudget(budget, need, f"kernel {need_k} ({graph.kernels[need_k].op})")
@@ -632,7 +684,7 @@ def _prefetch(sv: _SegVars, x, use: int) -> Action:
 
 
 def _overlap_greedily(x0: np.ndarray, lp, seg_vars, cap_iv, slack: np.ndarray, yz, T: np.ndarray, async_terms,
-                      shares, share_max: float, fill) -> np.ndarray:
+                      shares, share_max: float, fill, wakes: _Wakes | None = None) -> np.ndarray:
     """A better start for the asynchronous model: the start's sync moves made asynchronous,
     one at a time, wherever that keeps every row and lowers the objective (a greedy primal
     heuristic). From a synchronous start alone HiGHS found no asynchronous plan on large
@@ -642,8 +694,9 @@ def _overlap_greedily(x0: np.ndarray, lp, seg_vars, cap_iv, slack: np.ndarray, y
       capacity: the bytes the async column adds at its kernels fit in `slack` there (per
                 kernel, KiB as the capacity rows count: rhs less what x0 holds);
       order:    an async evict of the segment comes before its async prefetch;
-      gain:     cost[col] - cost[sync] + (y_c after - y_c before) < 0, with y_c (and z_c)
-                recomputed by set_async_overlap.
+      gain:     cost[col] - cost[sync] + (y_c after - y_c before) + (W u after - before) < 0,
+                with y_c (and z_c) recomputed by set_async_overlap and the u of the two
+                copies' wake kernels by _Wakes.set.
     Returns x0 itself when nothing improves or the result fails a row (never expected)."""
     y, z = yz
     cost = np.asarray(lp.col_cost_)
@@ -657,8 +710,11 @@ def _overlap_greedily(x0: np.ndarray, lp, seg_vars, cap_iv, slack: np.ndarray, y
             todo.append((cost[sv.wS], sv.wS, sv.wX, sv, "evict"))
     todo.sort(key=lambda m: -m[0])
 
-    def local(c: int) -> float:  # the objective's terms at kernel c: y_c and z_c
-        return cost[y[c]] * x[y[c]] + (cost[z[c]] * x[z[c]] if z[c] is not None else 0.0)
+    wakes = wakes or _Wakes()
+
+    def local(c: int, woken) -> float:  # the objective's terms at kernel c: y_c and z_c; u at `woken`
+        return (cost[y[c]] * x[y[c]] + (cost[z[c]] * x[z[c]] if z[c] is not None else 0.0)
+                + sum(cost[wakes.u[b]] * x[wakes.u[b]] for b in woken))
     changed = False
     for _, sync_col, options, sv, kind in todo:
         for c in sorted(options, key=lambda c: -T[c]):
@@ -671,16 +727,19 @@ def _overlap_greedily(x0: np.ndarray, lp, seg_vars, cap_iv, slack: np.ndarray, y
                 continue
             if kind == "evict" and any(x[p] > 0.5 and cp <= c for cp, p in sv.pX.items()):
                 continue
-            before = local(c)
+            woken = {wakes.at[k] for k in (sync_col, col) if k in wakes.at}
+            before = local(c, woken)
             x[sync_col], x[col] = 0.0, 1.0
             set_async_overlap(x, y[c], z[c], async_terms[c], T[c], shares[c], share_max)
-            after = local(c)
+            wakes.set(x, woken)
+            after = local(c, woken)
             if cost[col] - cost[sync_col] + after - before < -1e-12:
                 slack[j0:j1 + 1] -= add
                 changed = True
                 break
             x[sync_col], x[col] = 1.0, 0.0
             set_async_overlap(x, y[c], z[c], async_terms[c], T[c], shares[c], share_max)
+            wakes.set(x, woken)
     if not changed:
         return x0
     x = fill(x)

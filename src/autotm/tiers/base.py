@@ -312,6 +312,9 @@ class MemorySystem(ABC):
         access: ``"staged"`` (kernels only touch fast memory) or ``"direct"`` (kernels
             may read and write slow memory in place).
         fast_device: the torch device of the fast tier.
+        idle_sync_moves: a sync move leaves the compute thread idle, waiting on a device
+            (the file tier's direct I/O); the profiler then measures what the kernels
+            right after one lose (CostModel.wake_seconds).
 
     Use as a context manager, or call ``close()``: it removes every file the system
     created (it also runs when the object is garbage-collected and at interpreter exit).
@@ -320,6 +323,7 @@ class MemorySystem(ABC):
     name: str
     access: Literal["staged", "direct"]
     fast_device: torch.device
+    idle_sync_moves: bool = False
 
     def __init__(self) -> None:
         self._resources = Resources()

@@ -300,6 +300,7 @@ class FileMemorySystem(MemorySystem):
 
     name = "cpu+file"
     access = "staged"
+    idle_sync_moves = True  # the compute thread waits in pread/pwrite
 
     def __init__(self, slow_dir: str | None = None, slow_capacity_bytes: int | None = None,
                  *, direct_io: bool | None = None, fast_cache_bytes: int = 1 << 30,
