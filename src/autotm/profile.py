@@ -515,12 +515,12 @@ def cached_wake_samples(graph: TrainingGraph, db: ProfileCache, env: str, recach
     return samples, (sum(len(samples[r][0]) for r in WAKE_ROLES) if n else 0)
 
 
-def measure_wakes(graph: TrainingGraph, memory, db: ProfileCache, env: str, inputs, *, rounds: int = WAKE_ROUNDS,
-                  recache: bool = False, stats: ProfileStats | None = None,
+def measure_wakes(graph: TrainingGraph, memory, db: ProfileCache, env: str, inputs, samples: dict, done: int, *,
+                  rounds: int = WAKE_ROUNDS, stats: ProfileStats | None = None,
                   progress: Callable[[str], None] | None = None) -> tuple[float, ...]:
     """W_k for every kernel of `graph` (wake_seconds), from 3 x `rounds` WakeReplay
-    iterations; the samples are committed after each iteration (a killed profile resumes)."""
-    samples, done = cached_wake_samples(graph, db, env, recache)
+    iterations, continuing `samples` after `done` of them (cached_wake_samples); the samples
+    are committed after each iteration (a killed profile resumes)."""
     replay = WakeReplay(graph, memory, samples, samples["pause_bytes"])
     while graph.kernels and done < 3 * rounds:
         replay.phase = done % 3
@@ -814,7 +814,7 @@ def profile(graph: TrainingGraph, memory_system, cache: ProfileCache | str | os.
     try:
         cm, stats = _profile_real(graph, memory_system, cache, inputs=inputs, recache=recache,
                                   progress=progress, move_sizes=tuple(move_sizes), move_repeats=move_repeats,
-                                  n_wake_rounds=wake_rounds)
+                                  wake_rounds=wake_rounds)
     finally:
         if owned is not None:
             owned.close()
@@ -822,7 +822,7 @@ def profile(graph: TrainingGraph, memory_system, cache: ProfileCache | str | os.
     return (cm, stats) if return_stats else cm
 
 
-def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes, move_repeats, n_wake_rounds):
+def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes, move_repeats, wake_rounds):
     if graph.fake:
         raise ValueError(f"graph {graph.name} was captured on fake tensors: it cannot be timed on "
                          f"{memory.name}; capture it on real tensors, or profile on a sim:<spec> system")
@@ -868,8 +868,9 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
                 else:
                     batch_jobs.setdefault(k, []).append((p, key))
         n_move = len(move_sizes) * move_repeats
-        wake_on = getattr(memory, "idle_sync_moves", False) and n_wake_rounds > 0
-        n_wake = max(0, 3 * n_wake_rounds - cached_wake_samples(graph, db, env, recache)[1]) if wake_on else 0
+        wake_on = getattr(memory, "idle_sync_moves", False) and wake_rounds > 0
+        wake_samples, wake_done = cached_wake_samples(graph, db, env, recache) if wake_on else ({}, 0)
+        n_wake = max(0, 3 * wake_rounds - wake_done) if wake_on else 0
         total = len(need) + sum(len(v) for v in batch_jobs.values()) + n_move + n_wake
         done = [0]
 
@@ -944,8 +945,8 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
         if wake_on:
             if n_wake and inputs is None:
                 inputs = synthetic_inputs(graph)
-            wake = measure_wakes(graph, memory, db, env, inputs, rounds=n_wake_rounds, recache=recache, stats=stats,
-                                 progress=tick)
+            wake = measure_wakes(graph, memory, db, env, inputs, wake_samples, wake_done, rounds=wake_rounds,
+                                 stats=stats, progress=tick)
         after = [statistics.median(x) for x in pos]
         kernel_seconds = tuple(have[(k.signature, "fast")] + after[i] for i, k in enumerate(graph.kernels))
         placement_seconds: dict[int, dict[tuple[str, ...], float]] = {}

@@ -46,7 +46,8 @@ Notation (one tensor t of size s_t, one movable segment g of it; see segments.py
 
   where m(s, direction, mode) = latency + s / bandwidth from the cost model and h(s, dir)
   = CostModel.async_host_seconds, the issuing thread's own part of an async copy, and
-  W_b = CostModel.wake_seconds[b]. The synchronous formulation has no wX, pX, y. Bytes are scaled to KiB inside the model only.
+  W_b = CostModel.wake_seconds[b]. The synchronous formulation has no wX, pX, y. Bytes
+  are scaled to KiB inside the model only.
 """
 
 from __future__ import annotations
@@ -339,6 +340,11 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     async_terms: dict[int, list[tuple[int, float, float]]] = {}  # kernel -> (col, full, marginal)
     shares: dict[int, list[float]] = {}  # kernel -> per async term, its interference share g
     idle: list[tuple[int, int]] = []  # (copy column, kernel b): the copy leaves the thread idle before b
+
+    def idle_after(col: int, copy_seconds: float, c: int) -> None:
+        # an async copy longer than its kernel c: the thread waits for it before c + 1
+        if copy_seconds > T[c] and c + 1 < n:
+            idle.append((col, c + 1))
     g_read, g_write = cost.interference_share("to_fast"), cost.interference_share("to_slow")
     # capacity terms as intervals: variable `col` adds `coef` bytes at kernels j0..j1
     cap_iv: list[tuple[int, int, int, float]] = []
@@ -373,8 +379,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                     for c in _candidates(range(max(0, hi + 1 - window), hi + 1), T, r_async, candidates):
                         col = int(V.add(1, cost=r_host)[0])
                         sv.pX[c] = col
-                        if r_async > T[c] and c + 1 < n:
-                            idle.append((col, c + 1))
+                        idle_after(col, r_async, c)
                         async_terms.setdefault(c, []).append((col, r_async, r_async_m))
                         shares.setdefault(c, []).append(g_read)
                         cap_add(c, hi, col, s)
@@ -397,8 +402,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                 for c in _candidates(range(lo, min(lo + window - 1, last) + 1), T, w_async, candidates):
                     col = int(V.add(1, cost=w_host)[0])
                     sv.wX[c] = col
-                    if w_async > T[c] and c + 1 < n:
-                        idle.append((col, c + 1))
+                    idle_after(col, w_async, c)
                     async_terms.setdefault(c, []).append((col, w_async, w_async_m))
                     shares.setdefault(c, []).append(g_write)
                     cap_add(lo, c, col, s)
@@ -416,8 +420,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                     for c in _candidates(range(max(lo + 1, hi + 1 - window), hi + 1), T, r_async, candidates):
                         col = int(V.add(1, cost=r_host)[0])
                         sv.pX[c] = col
-                        if r_async > T[c] and c + 1 < n:
-                            idle.append((col, c + 1))
+                        idle_after(col, r_async, c)
                         async_terms.setdefault(c, []).append((col, r_async, r_async_m))
                         shares.setdefault(c, []).append(g_read)
                         cap_add(c, hi, col, s)
@@ -684,7 +687,7 @@ def _prefetch(sv: _SegVars, x, use: int) -> Action:
 
 
 def _overlap_greedily(x0: np.ndarray, lp, seg_vars, cap_iv, slack: np.ndarray, yz, T: np.ndarray, async_terms,
-                      shares, share_max: float, fill, wakes: _Wakes | None = None) -> np.ndarray:
+                      shares, share_max: float, fill, wakes: _Wakes) -> np.ndarray:
     """A better start for the asynchronous model: the start's sync moves made asynchronous,
     one at a time, wherever that keeps every row and lowers the objective (a greedy primal
     heuristic). From a synchronous start alone HiGHS found no asynchronous plan on large
@@ -709,8 +712,6 @@ def _overlap_greedily(x0: np.ndarray, lp, seg_vars, cap_iv, slack: np.ndarray, y
         if sv.wS >= 0 and x[sv.wS] > 0.5 and sv.wX:
             todo.append((cost[sv.wS], sv.wS, sv.wX, sv, "evict"))
     todo.sort(key=lambda m: -m[0])
-
-    wakes = wakes or _Wakes()
 
     def local(c: int, woken) -> float:  # the objective's terms at kernel c: y_c and z_c; u at `woken`
         return (cost[y[c]] * x[y[c]] + (cost[z[c]] * x[z[c]] if z[c] is not None else 0.0)
