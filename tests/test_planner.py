@@ -108,6 +108,32 @@ def test_sync_copies_go_where_the_kernels_after_them_wake_cheaply():
     assert simulate(p, g, cm).wake_seconds == pytest.approx(0.03)
 
 
+def test_a_sync_copy_moves_inside_its_gap_to_where_waking_is_cheap():
+    """big (100 B) is made at k0 and read at k8; a 100 B temporary lives over k5-k6, so with
+    102 B big is out at k5 and k6. It may leave before k1..k5 and return before k7 or k8.
+    W is 0.5 s everywhere but k3 (0.01) and k7 (0.02): the plan writes before k3 (neither at
+    the gap's start nor where lru would, at k5) and reads before k7, and is the ILP's own
+    (not the warm start, lru's), proven optimal. Two places are offered (sync_candidates):
+    the cheapest for the prefetch, k3, must come after the evict."""
+    sizes = [100] + [1] * 8 + [100]  # big, s1..s8, tmp
+    kernels = [([], [0, 1]), ([1], [2]), ([2], [3]), ([3], [4]), ([4], [5]), ([5], [9]), ([9], [6]),
+               ([6], [7]), ([0, 7], [8])]
+    g = make_graph(sizes, kernels, outputs=(8,), roles={8: Role.OUTPUT})
+    cm = cost_model(g, [1.0] * 9, wake=[0.0, 0.5, 0.5, 0.01, 0.5, 0.5, 0.5, 0.02, 0.5])
+    lru = plan(g, cm, 102, "lru", arena=False)
+    assert lru.meta["predicted_seconds"] > 9.2 + 0.5
+    p, stats = solve_staged(g, cm, 102, formulation="synchronous", mip_gap=1e-9, warm_start=lru, sync_candidates=2)
+    big = next(tp for tp in p.tensors if tp.id == 0)
+    assert [(a.kind, a.at, a.mode) for a in big.actions] == [("evict", 3, "sync"), ("prefetch", 7, "sync")]
+    assert simulate(p, g, cm).predicted_seconds == pytest.approx(9.2 + 0.03)
+    assert stats.objective == pytest.approx(9.23) and stats.bound == pytest.approx(9.23)
+    assert validate(p, g, budget_bytes=102).peak_fast_bytes <= 102
+    # one place each (plan()'s default): k3 for both; the solver keeps within what it offers
+    q = plan(g, cm, 102, "synchronous", arena=False, mip_gap=1e-9)
+    assert 9.23 <= q.meta["predicted_seconds"] < lru.meta["predicted_seconds"]
+    assert q.meta["bound_seconds"] <= q.meta["predicted_seconds"] + 1e-12
+
+
 def test_async_copies_pay_their_host_time():
     # each async copy costs its issuing thread h seconds no kernel hides: worth it while
     # 2 h < the two sync copies' 0.2 s

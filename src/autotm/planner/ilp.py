@@ -7,23 +7,27 @@ Notation (one tensor t of size s_t, one movable segment g of it; see segments.py
     dA[g]   t is absent in g after dropping its fast copy (a slow copy already exists)
     st[t]   carried input t starts the iteration in slow memory (its initial segment)
     wS[g]   the write of g is synchronous, before kernel start(g)
+    wL[g,e] the write of g is synchronous, before kernel e later in g (where waking is cheap)
     wX[g,c] the write of g is asynchronous, overlapping kernel c (window after start(g))
     pS[g]   the prefetch ending g is synchronous, before the use after g
     pX[g,c] the prefetch ending g overlaps kernel c (window before the use)
+    pE[g,p] the prefetch ending g is synchronous, before kernel p earlier in g
     y[c]    >= 0, continuous: time of kernel c with its async copies
     u[b]    in [0, 1], continuous: kernel b starts after the compute thread waited idle
 
   Residency of t at a kernel j inside g (1 = in fast memory at step 3 of the timeline):
-    R[t,j] = 1 - a[g] + sum_{c >= j} wX[g,c] + sum_{c <= j} pX[g,c],  a[g] = wA[g] + dA[g]
+    R[t,j] = 1 - a[g] + sum_{c >= j} wX[g,c] + sum_{e > j} wL[g,e] + sum_{c <= j} pX[g,c]
+             + sum_{p <= j} pE[g,p],  a[g] = wA[g] + dA[g]
   and R = 1 at t's uses and outside its segments while it is live.
 
   Constraints
     flow/one write:      sum_g wA[g] + st[t] <= 1                       (written at most once)
                          dA[g] <= st[t] + sum_{g' < g} wA[g']           (drop needs a slow copy)
-    evict choice:        wS[g] + sum_c wX[g,c] = wA[g]
-    prefetch choice:     pS[g] + sum_c pX[g,c] = a[g]   (gaps),  = st[t]  (initial)
+    evict choice:        wS[g] + sum_e wL[g,e] + sum_c wX[g,c] = wA[g]
+    prefetch choice:     pS[g] + sum_p pE[g,p] + sum_c pX[g,c] = a[g]   (gaps),  = st[t]  (initial)
     steady state:        a[final of t'] = st[t]  where t' carries t into the next iteration
-    order:               sum_{c >= j} wX[g,c] + sum_{c <= j} pX[g,c] <= 1   (evict before prefetch)
+    order:               sum_{E >= j} (wX, wL)[g,E] + sum_{F <= j} (pX, pE)[g,F] <= 1
+                         at each F: the evict's kernel E comes before the prefetch's F
     capacity:            sum_t s_t R[t,j] <= B                          for every kernel j
                          (as a running sum L[j] = L[j-1] + changes at j, L[j] <= B - fixed bytes:
                          two nonzeros per interval of a variable instead of one per kernel)
@@ -34,13 +38,14 @@ Notation (one tensor t of size s_t, one movable segment g of it; see segments.py
     async slowdown:      y[c] >= T_c + sum_m g_m a_m x_m + g* z[c]   (the kernel computes slower
                          while copies are in flight; g = CostModel.interference_share)
     wake:                u[b] >= x  for every copy column x that leaves the thread idle right
-                         before kernel b: wS[g] (b = start(g)), pS[g] (b = the use after g), and
+                         before kernel b: wS[g] (b = start(g)), pS[g] (b = the use after g),
+                         wL[g,e] (b = e), pE[g,p] (b = p), and
                          wX[g,c], pX[g,c] whose async time exceeds T_c (b = c + 1; the thread
                          waits for the copy after kernel c) (CostModel.woken); only where W_b > 0
 
   Objective (predicted iteration seconds, exactly what autotm.simulate computes):
     min  sum_{c without async} T_c + sum_{c with async} y[c]
-         + sum_g wS[g] m(s, to_slow, sync) + sum_g pS[g] m(s, to_fast, sync)
+         + sum_g (wS[g] + sum_e wL[g,e]) m(s, to_slow, sync) + sum_g (pS[g] + sum_p pE[g,p]) m(s, to_fast, sync)
          + sum_{g,c} wX[g,c] h(s, to_slow) + sum_{g,c} pX[g,c] h(s, to_fast)
          + sum_b W_b u[b]
 
@@ -48,6 +53,12 @@ Notation (one tensor t of size s_t, one movable segment g of it; see segments.py
   = CostModel.async_host_seconds, the issuing thread's own part of an async copy, and
   W_b = CostModel.wake_seconds[b]. The synchronous formulation has no wX, pX, y. Bytes
   are scaled to KiB inside the model only.
+
+  wL and pE exist only where wakes are profiled (W not all zero): without wakes a sync copy
+  costs the same anywhere in its segment and is best at the end that frees memory soonest.
+  Offered are the `sync_candidates` kernels within `window` of the natural place that wake
+  cheapest (cheaper than there), and the warm start's own places, so that the start is a
+  solution.
 """
 
 from __future__ import annotations
@@ -172,6 +183,17 @@ class _SegVars:
     pS: int = -1
     wX: dict = field(default_factory=dict)  # kernel -> column
     pX: dict = field(default_factory=dict)
+    wL: dict = field(default_factory=dict)  # kernel -> column: a later sync write (before that kernel)
+    pE: dict = field(default_factory=dict)  # kernel -> column: an earlier sync prefetch
+
+    def evicts_at(self) -> list[tuple[int, int]]:
+        """(kernel of the action, column) of the evicts that can meet a prefetch of the
+        same stay: wX (async over c) and wL (sync before e); wS, at the start, meets none."""
+        return list(self.wX.items()) + list(self.wL.items())
+
+    def prefetches_at(self) -> list[tuple[int, int]]:
+        """(first kernel the tensor is back, column) of the prefetches: pX and pE."""
+        return list(self.pX.items()) + list(self.pE.items())
 
 
 @dataclass
@@ -265,6 +287,27 @@ def _candidates(kernels: range, T: np.ndarray, copy_seconds: float, limit: int) 
     return sorted(good or ks[:1])
 
 
+def _cheap_wakes(kernels: range, W: np.ndarray, natural: int, limit: int, window: int, keep=()) -> list[int]:
+    """Places in `kernels` for a sync copy other than its natural kernel: of those within
+    `window` of it (further, the tensor holds fast memory longer), the `limit` that wake
+    cheapest, only if cheaper than `natural` (nearest first on ties); and the kernels in
+    `keep` (the warm start's places)."""
+    cheaper = [k for k in kernels if abs(k - natural) < window and W[k] < W[natural]]
+    cheaper.sort(key=lambda k: (W[k], abs(k - natural)))
+    return sorted(set(cheaper[:limit]) | {k for k in keep if k in kernels})
+
+
+def _sync_positions(plan: Plan | None) -> tuple[dict[int, set], dict[int, set]]:
+    """tensor -> kernels of its sync evicts, and of its sync prefetches, in `plan`."""
+    evicts: dict[int, set] = {}
+    prefetches: dict[int, set] = {}
+    for tp in plan.tensors if plan is not None else ():
+        for a in tp.actions:
+            if a.mode == "sync" and a.kind in ("evict", "prefetch"):
+                (evicts if a.kind == "evict" else prefetches).setdefault(tp.id, set()).add(a.at)
+    return evicts, prefetches
+
+
 def default_min_tensor_bytes(graph: TrainingGraph) -> int:
     """Tensors smaller than this stay in fast memory: moving one cannot change a plan's
     speed measurably, and leaving them out keeps the model small."""
@@ -307,7 +350,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                  window: int = 15, time_limit: float = 60.0, mip_gap: float = 0.01, min_tensor_bytes: int | None = None,
                  pinned: frozenset[int] = frozenset(), budget_extra: np.ndarray | None = None,
                  threads: int | None = None, warm_start: Plan | None = None, verbose: bool = False,
-                 candidates: int = 4) -> tuple[Plan, ILPStats]:
+                 candidates: int = 4, sync_candidates: int = 1) -> tuple[Plan, ILPStats]:
     """Solve the AutoTM ILP for a staged memory system and decode the plan.
 
     window: async copies may overlap kernels up to this many positions from the move's
@@ -340,6 +383,12 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     async_terms: dict[int, list[tuple[int, float, float]]] = {}  # kernel -> (col, full, marginal)
     shares: dict[int, list[float]] = {}  # kernel -> per async term, its interference share g
     idle: list[tuple[int, int]] = []  # (copy column, kernel b): the copy leaves the thread idle before b
+    W = cost.wake(n)
+    # where the start moves synchronously (tensor -> kernels), offered as wL / pE positions
+    start_evicts, start_prefetches = _sync_positions(warm_start) if W.any() else ({}, {})
+
+    def sync_elsewhere(kernels: range, natural: int, keep) -> list[int]:
+        return _cheap_wakes(kernels, W, natural, sync_candidates, window, keep) if W.any() else []
 
     def idle_after(col: int, copy_seconds: float, c: int) -> None:
         # an async copy longer than its kernel c: the thread waits for it before c + 1
@@ -375,6 +424,11 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                 idle.append((sv.pS, hi + 1))
                 cap_add(lo, hi, st, -s)
                 choice = [sv.pS]
+                for p in sync_elsewhere(range(lo, hi + 1), hi + 1, start_prefetches.get(ts.tensor, ())):
+                    col = sv.pE[p] = int(V.add(1, cost=r_sync)[0])
+                    idle.append((col, p))
+                    cap_add(p, hi, col, s)
+                    choice.append(col)
                 if async_:
                     for c in _candidates(range(max(0, hi + 1 - window), hi + 1), T, r_async, candidates):
                         col = int(V.add(1, cost=r_host)[0])
@@ -397,6 +451,12 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
             if not empty:  # (the carry write comes after the last kernel)
                 idle.append((sv.wS, lo))
             evict = [sv.wS]
+            if not empty:
+                for e in sync_elsewhere(range(lo + 1, hi + 1), lo, start_evicts.get(ts.tensor, ())):
+                    col = sv.wL[e] = int(V.add(1, cost=w_sync)[0])
+                    idle.append((col, e))
+                    cap_add(lo, e - 1, col, s)
+                    evict.append(col)
             if async_ and not empty:
                 last = hi if seg.kind == "final" else hi - 1  # leave room for the prefetch
                 for c in _candidates(range(lo, min(lo + window - 1, last) + 1), T, w_async, candidates):
@@ -415,6 +475,11 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                 sv.pS = int(V.add(1, cost=r_sync)[0])
                 idle.append((sv.pS, hi + 1))
                 pre = [sv.pS]
+                for p in sync_elsewhere(range(lo + 1, hi + 1), hi + 1, start_prefetches.get(ts.tensor, ())):
+                    col = sv.pE[p] = int(V.add(1, cost=r_sync)[0])
+                    idle.append((col, p))
+                    cap_add(p, hi, col, s)
+                    pre.append(col)
                 if async_:
                     # not at lo: a sync evict or drop happens there
                     for c in _candidates(range(max(lo + 1, hi + 1 - window), hi + 1), T, r_async, candidates):
@@ -426,10 +491,13 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                         cap_add(c, hi, col, s)
                         pre.append(col)
                 Rw.add("prefetch choice", pre + [sv.wA, sv.dA], [1.0] * len(pre) + [-1.0, -1.0], 0.0, 0.0)
-                # order: an async evict comes before an async prefetch
-                if sv.wX and sv.pX:
-                    for j in range(min(sv.pX), max(sv.wX) + 1):
-                        cols = [col for c, col in sv.wX.items() if c >= j] + [col for c, col in sv.pX.items() if c <= j]
+                # order: the evict's kernel comes before the prefetch's (a row at each
+                # prefetch kernel F covers every pair E >= F)
+                ev, pf = sv.evicts_at(), sv.prefetches_at()
+                if ev and pf:
+                    last_e = max(E for E, _ in ev)
+                    for j in sorted({F for F, _ in pf if F <= last_e}):
+                        cols = [col for E, col in ev if E >= j] + [col for F, col in pf if F <= j]
                         if len(cols) > 1:
                             Rw.add("evict before prefetch", cols, [1.0] * len(cols), -np.inf, 1.0)
             else:  # final: end the iteration where the next one starts
@@ -452,7 +520,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
         z[c] = add_async_overlap(V, Rw, col, terms)
         add_async_slowdown(Rw, col, z[c], terms, shares[c], cost.interference_share(), T[c])
     constant_time = float(sum(T[c] for c in range(n) if c not in y))
-    wakes = add_wakes(V, Rw, idle, cost.wake(n))
+    wakes = add_wakes(V, Rw, idle, W)
 
     rhs = (budget + extra.astype(np.float64) - cap_const - MARGIN_BYTES) / SCALE
     fill, load_cols = capacity_chain(Rw, V, cap_iv, rhs, n)
@@ -666,7 +734,9 @@ def _decode(graph, cost, budget, formulation, x, segs, seg_vars, start_slow) -> 
             if _on(x, sv.wA):
                 if seg.end >= seg.start:  # an empty final segment is the executor's carry write
                     async_c = [c for c, col in sv.wX.items() if _on(x, col)]
-                    actions.append(Action("evict", async_c[0], "async") if async_c else Action("evict", seg.start, "sync"))
+                    later = [e for e, col in sv.wL.items() if _on(x, col)]
+                    actions.append(Action("evict", async_c[0], "async") if async_c
+                                   else Action("evict", later[0] if later else seg.start, "sync"))
             elif _on(x, sv.dA):
                 if seg.end >= seg.start:
                     actions.append(Action("drop", seg.start, "sync"))
@@ -683,7 +753,9 @@ def _decode(graph, cost, budget, formulation, x, segs, seg_vars, start_slow) -> 
 
 def _prefetch(sv: _SegVars, x, use: int) -> Action:
     async_c = [c for c, col in sv.pX.items() if _on(x, col)]
-    return Action("prefetch", async_c[0], "async") if async_c else Action("prefetch", use, "sync")
+    earlier = [p for p, col in sv.pE.items() if _on(x, col)]
+    return (Action("prefetch", async_c[0], "async") if async_c
+            else Action("prefetch", earlier[0] if earlier else use, "sync"))
 
 
 def _overlap_greedily(x0: np.ndarray, lp, seg_vars, cap_iv, slack: np.ndarray, yz, T: np.ndarray, async_terms,
@@ -724,9 +796,9 @@ def _overlap_greedily(x0: np.ndarray, lp, seg_vars, cap_iv, slack: np.ndarray, y
             if np.any(slack[j0:j1 + 1] < add):
                 continue
             # an async evict before an async prefetch of the same stay
-            if kind == "prefetch" and any(x[w] > 0.5 and ce >= c for ce, w in sv.wX.items()):
+            if kind == "prefetch" and any(x[w] > 0.5 and ce >= c for ce, w in sv.evicts_at()):
                 continue
-            if kind == "evict" and any(x[p] > 0.5 and cp <= c for cp, p in sv.pX.items()):
+            if kind == "evict" and any(x[p] > 0.5 and cp <= c for cp, p in sv.prefetches_at()):
                 continue
             woken = {wakes.at[k] for k in (sync_col, col) if k in wakes.at}
             before = local(c, woken)
@@ -764,7 +836,7 @@ def _warm_start_vector(plan: Plan, n: int, seg_vars, start_slow, yz, T, async_te
                 pf = [a for a in acts if a.kind == "prefetch"]
                 if not pf:
                     return None
-                col = sv.pX.get(pf[0].at) if pf[0].mode == "async" else sv.pS
+                col = sv.pX.get(pf[0].at) if pf[0].mode == "async" else sv.pE.get(pf[0].at, sv.pS)
                 if col is None or col < 0:
                     return None
                 x[col] = 1
@@ -773,11 +845,12 @@ def _warm_start_vector(plan: Plan, n: int, seg_vars, start_slow, yz, T, async_te
         if not ev:
             continue
         a = ev[0]
-        # a sync evict or drop anywhere in the segment costs the same at its start, where
-        # it also frees the memory soonest (lru evicts lazily): use the start
+        # a sync evict or drop anywhere in the segment costs the same at its start (but for
+        # its wake), where it also frees the memory soonest (lru evicts lazily): use the start
+        # unless the model offers the start's own place (wL)
         if a.kind == "evict":
             x[sv.wA] = 1
-            col = sv.wX.get(a.at) if a.mode == "async" else sv.wS
+            col = sv.wX.get(a.at) if a.mode == "async" else sv.wL.get(a.at, sv.wS)
             if col is None:
                 return None
             x[col] = 1
@@ -789,7 +862,7 @@ def _warm_start_vector(plan: Plan, n: int, seg_vars, start_slow, yz, T, async_te
             pf = [b for b in acts if b.kind == "prefetch" and b.at > a.at]
             if not pf:
                 return None
-            col = sv.pX.get(pf[0].at) if pf[0].mode == "async" else sv.pS
+            col = sv.pX.get(pf[0].at) if pf[0].mode == "async" else sv.pE.get(pf[0].at, sv.pS)
             if col is None:
                 return None
             x[col] = 1
