@@ -7,6 +7,8 @@ from autotm.executor import BudgetExceeded, ExecutorSession
 from autotm.plan import all_fast_plan, evict_all_activations_plan
 from autotm.planner import large_block_alignment
 from autotm.planner.arena import with_arena
+from autotm.planner.baselines import lru_plan
+from autotm.budget import parse_budget
 from autotm.tiers import cpu_arena
 from autotm.tiers import make_memory_system
 from autotm.validate import validate
@@ -90,6 +92,40 @@ def test_a_plan_with_an_arena_trains_bit_identically_inside_it(mode, memory):
     assert arena["large_outputs_in_arena_bytes"] >= 0.75 * arena["large_outputs_bytes"] > 0, arena
     assert arena["outputs_copied_bytes"] <= 0.2 * arena["large_outputs_bytes"], arena
     assert rep.peak_fast_bytes <= budget
+    assert memory.slow_bytes_in_use() == 0
+
+
+def test_verification_runs_the_plan_exactly_as_unverified(memory):
+    """Verification keeps the gradients for the comparison, as copies taken when they die:
+    the plan runs as it does unverified, every output in the same arena slot (holding the
+    gradients themselves sent half of lru's outputs at 4:1 to the heap, and the verified
+    iterations ran 1.5x slower)."""
+    if cpu_arena.load() is None:
+        pytest.skip(f"no C++ toolchain here: {cpu_arena.load.reason}")
+    w = workload("resnet50", "test")
+    m = w.build_model()
+    graph = capture(m, w.loss_fn(), w.make_optimizer(m.parameters()), w.make_batch(), name=w.name)
+    plan = with_arena(lru_plan(graph, parse_budget("4:1", int(graph.live_bytes.max())), "cpu+file"), graph,
+                      large_alignment=large_block_alignment("cpu+file"))
+    budget = max(validate(plan, graph).peak_fast_bytes, plan.arena_bytes)
+    sessions = []
+
+    def session(g, mdl, opt):
+        s = ExecutorSession(g, plan, memory, mdl, opt, budget_bytes=budget)
+        sessions.append(s)
+        return s
+
+    v = verify_replay(w, 3, session_factory=session, graph=graph)
+    assert v.identical, v.mismatches
+    verified = sessions[0].report().meta["arena"]
+    plain = ExecutorSession(graph, plan, memory, m, w.make_optimizer(m.parameters()), budget_bytes=budget)
+    try:
+        for i in range(3):
+            plain.step(w.make_batch(seed=i))
+        assert plain.report().meta["arena"] == verified
+        assert verified["large_outputs_in_arena_bytes"] >= 0.75 * verified["large_outputs_bytes"] > 0
+    finally:
+        plain.close()
     assert memory.slow_bytes_in_use() == 0
 
 
