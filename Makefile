@@ -12,6 +12,9 @@ $(BIN)/.autotm-installed: pyproject.toml
 	@# the CPU build first: a bare `torch` requirement would pull a multi-GB CUDA build
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)" || $(BIN)/pip install -q "torch>=2.4"
 	@$(BIN)/pip install -q -e '.[test]'
+	@# the executor's C++ arena allocator (tiers/cpu_arena.py), built once into the user's cache
+	@echo "building the CPU arena allocator (once, ~30 s) ..."
+	@$(BIN)/python -c "from autotm.tiers import cpu_arena; cpu_arena.load() or print('not built:', cpu_arena.load.reason)"
 	@touch $@
 
 install: $(BIN)/.autotm-installed

@@ -27,6 +27,7 @@ from autotm.profile import (
     cost_model_from_spec,
     environment,
     load_spec,
+    move_rounds,
     profile,
     spec_names,
     time_call,
@@ -188,9 +189,10 @@ def test_profile_times_every_kernel_then_hits_the_cache(tiny, memory, tmp_path):
     assert len(cm.kernel_seconds) == len(g.kernels) and all(s > 0 for s in cm.kernel_seconds)
     assert st.measured == unique_keys(g) == st.unique_kernels and st.cache_hits == 0
     assert st.total_kernels == len(g.kernels) > st.unique_kernels
-    # 4 samples of sync, async, host (an async move's own time on this thread) and the
-    # slowdown of computation under an async copy, each way
-    assert st.move_samples_measured == 4 * 8
+    # 8 samples (64 KiB is small: 6 rounds, 1 MiB 2) of sync, async, host (an async move's
+    # own time on this thread) and the slowdown of computation under an async copy, each way
+    assert len(move_rounds(SMALL_MOVES["move_sizes"], SMALL_MOVES["move_repeats"])) == 8
+    assert st.move_samples_measured == 8 * 8
     for key in (("to_slow", "sync"), ("to_fast", "sync"), ("to_slow", "async"), ("to_fast", "async"),
                 ("to_slow", "host"), ("to_fast", "host")):
         mc = cm.moves[key]
@@ -211,11 +213,11 @@ def test_profile_times_every_kernel_then_hits_the_cache(tiny, memory, tmp_path):
 
     cm2, st2 = profile(g, memory, path, inputs=inputs, return_stats=True, **SMALL_MOVES)
     assert st2.nothing_new and "nothing new" in st2.message()
-    assert st2.measured == 0 and st2.cache_hits == unique_keys(g) and st2.move_samples_cached == 32
+    assert st2.measured == 0 and st2.cache_hits == unique_keys(g) and st2.move_samples_cached == 64
     assert cm2 == cm
 
     cm3, st3 = profile(g, memory, path, inputs=inputs, return_stats=True, recache=True, **SMALL_MOVES)
-    assert st3.measured == unique_keys(g) and st3.move_samples_measured == 32
+    assert st3.measured == unique_keys(g) and st3.move_samples_measured == 64
     assert CostModel.from_json(cm3.to_json()) == cm3
 
 

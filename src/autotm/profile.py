@@ -99,6 +99,14 @@ LONG_KERNEL_S = 0.25  # in-situ sampling: this much sampled time of a kernel is 
 # ---- moves -------------------------------------------------------------------------------
 MOVE_SIZES = tuple(4096 * 4 ** i for i in range(8))  # 4 KiB .. 64 MiB
 MOVE_REPEATS = 5
+# Small moves take a few hundred microseconds, and a slow spell of the device (the host
+# writing back what the warm-up wrote, it seems) can make several of the first rounds 10x
+# slower: 4 KiB sync writes of 3037, 3020, 1564, 185, 213 us, a median of 1.5 ms against
+# 0.2 ms in the executor (the demo's lru, 1159 small evicts, predicted 3.7x too slow).
+# They cost little to sample, so sizes up to SMALL_MOVE_BYTES get SMALL_MOVE_ROUNDS x
+# the rounds, the extra ones after the others.
+SMALL_MOVE_BYTES = 256 * 1024
+SMALL_MOVE_ROUNDS = 3
 
 # ---- kernels after a blocking move (memory systems with idle_sync_moves) --------------------
 WAKE_ROUNDS = 3  # replay iterations per phase of WakeReplay
@@ -692,6 +700,15 @@ def interference(samples: list[float]) -> float:
     return max(0.0, statistics.median(good)) if good else 0.0
 
 
+def move_rounds(sizes, repeats: int) -> list[tuple[int, int]]:
+    """The (size, round) move samples to take, in order: `repeats` rounds of every size, each
+    round in its own seeded order, then the small sizes' extra rounds (SMALL_MOVE_ROUNDS)."""
+    def rounds(n: int) -> int:
+        return repeats * (SMALL_MOVE_ROUNDS if n <= SMALL_MOVE_BYTES else 1)
+    return [(int(sizes[i]), r) for r in range(repeats * SMALL_MOVE_ROUNDS)
+            for i in np.random.default_rng(r).permutation(len(sizes)) if r < rounds(int(sizes[i]))]
+
+
 def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, repeats=MOVE_REPEATS,
                   recache: bool = False, progress: Callable[[str], None] | None = None,
                   stats: ProfileStats | None = None) -> dict[tuple[str, str], MoveCost]:
@@ -707,7 +724,7 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
     # the device weighs on every size alike instead of biasing some; each round in its own
     # (seeded) order: in ascending order every 4 KiB sample followed a 64 MiB one, which
     # made it 3x slower (300 us, against 100 in the executor's runs of small moves)
-    want = [(int(sizes[i]), r) for r in range(repeats) for i in np.random.default_rng(r).permutation(len(sizes))]
+    want = move_rounds(sizes, repeats)
     missing = [(n, r) for n, r in want if any((d, m, n, r) not in have for d, m in keys)]
     if stats is not None:
         stats.move_samples_cached += len(keys) * (len(want) - len(missing))
@@ -867,7 +884,7 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
                     stats.cache_hits += 1
                 else:
                     batch_jobs.setdefault(k, []).append((p, key))
-        n_move = len(move_sizes) * move_repeats
+        n_move = len(move_rounds(move_sizes, move_repeats))
         wake_on = getattr(memory, "idle_sync_moves", False) and wake_rounds > 0
         wake_samples, wake_done = cached_wake_samples(graph, db, env, recache) if wake_on else ({}, 0)
         n_wake = max(0, 3 * wake_rounds - wake_done) if wake_on else 0

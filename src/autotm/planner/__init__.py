@@ -197,12 +197,22 @@ def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, w
             start = (_best_direct_start(graph, cost_model, budget_bytes, validation_budget, ilp, workspace) if direct
                      else _best_baseline(graph, cost_model, validation_budget, workspace,
                                          min_tensor_bytes_for(graph, budget_bytes, extra, pinned)))
+        sync_start = start  # the best start a synchronous model can take (for the fallback)
         if formulation == "asynchronous" and warm_start:
+            # the chain shares time_limit: each stage has its share of what the ones before
+            # left (the synchronous model often finishes early; when it needs its half, its
+            # plan is the start that matters: resnet50 test 4:1 needs 3 s for it, and from
+            # the baseline the 2 s it had at a quarter of 8 s left the chain at 0.64 s, the
+            # synchronous plan being 0.57)
+            t_chain = time.perf_counter()
+
+            def left(share: float) -> float:
+                return max(0.05 * time_limit, share * (time_limit - (time.perf_counter() - t_chain)))
             # every synchronous plan is an asynchronous plan: solve the small model first
             try:
                 sync_plan, _ = solve(graph, cost_model, budget_bytes, formulation="synchronous",
-                                     **dict(ilp, time_limit=time_limit / 4), warm_start=start[0] if start else None)
-                start = (sync_plan, "synchronous")
+                                     **dict(ilp, time_limit=left(1 / 2)), warm_start=start[0] if start else None)
+                start = sync_start = (sync_plan, "synchronous")
             except TimeoutError:  # no synchronous plan in time: start from the baseline
                 pass
             if cost_model.async_overlap:
@@ -213,14 +223,14 @@ def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, w
                 try:
                     plain = dataclasses.replace(cost_model, async_overlap=False)
                     full_plan, _ = solve(graph, plain, budget_bytes, formulation="asynchronous", window=window,
-                                         **dict(ilp, time_limit=time_limit / 2),
+                                         **dict(ilp, time_limit=left(2 / 3)),
                                          warm_start=start[0] if start else None)
                     start = (full_plan, "asynchronous, copies charged in full")
                 except TimeoutError:
                     pass
-                # the chain as a whole stays within time_limit; from this start the final model
-                # mostly proves, it rarely finds better
-                ilp = dict(ilp, time_limit=time_limit / 4)
+            # the chain as a whole stays within time_limit; from this start the final model
+            # mostly proves, it rarely finds better
+            ilp = dict(ilp, time_limit=left(1))
         try:
             p, stats = solve(graph, cost_model, budget_bytes, formulation=formulation, window=window,
                              warm_start=start[0] if start else None, verbose=verbose, **ilp)
@@ -229,9 +239,10 @@ def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, w
                 raise
             # the chain's share of the time found nothing (inception_v4 cpu 8:1, where the
             # small tensors move too): a synchronous plan, which is an asynchronous one, with
-            # the whole limit
+            # the whole limit, from the synchronous plan or baseline (so that there is one)
             p, stats = solve(graph, cost_model, budget_bytes, formulation="synchronous",
-                             **dict(ilp, time_limit=time_limit), verbose=verbose)
+                             **dict(ilp, time_limit=time_limit), verbose=verbose,
+                             warm_start=sync_start[0] if sync_start else None)
             p = dataclasses.replace(p, planner=formulation)
             stats.bound = float("nan")  # (the synchronous model's bound is none for asynchronous plans)
             meta["fallback"] = "synchronous (no asynchronous plan found within the time limit)"

@@ -538,7 +538,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     stats.build_seconds = time.perf_counter() - t_build
 
     x0 = (_warm_start_vector(warm_start, V.n, seg_vars, start_slow, (y, z), T, async_terms,
-                             shares, cost.interference_share()) if warm_start else None)
+                             shares, cost.interference_share(), pairs) if warm_start else None)
     x0 = fill(wakes.set(x0)) if x0 is not None else None
     if x0 is not None and async_ and load_cols is not None:
         x0 = _overlap_greedily(x0, lp, seg_vars, cap_iv, rhs - x0[load_cols], (y, z), T, async_terms, shares,
@@ -640,12 +640,23 @@ def solve_model(h, highspy, lp, x0, constant: float, time_limit: float, stats: I
     is infeasible; TimeoutError when the time limit passed before any solution."""
     x, info, status = _run(h, highspy, x0, time_limit, stats)
     obj_x = float(lp.col_cost_ @ x + constant) if x is not None else np.nan
-    if x is not None and x0 is not None and abs(obj_x - info.objective_function_value) > 1e-7 * max(1.0, abs(obj_x)):
-        # HiGHS 1.16 can report the better objective while returning the warm start's
-        # values: solve again from scratch rather than return a plan that is not the optimum
-        h.passModel(lp)
-        x, info, status = _run(h, highspy, None, time_limit, stats)
-        obj_x = float(lp.col_cost_ @ x + constant) if x is not None else np.nan
+    def lower(reported: float) -> bool:
+        return reported < obj_x - 1e-9 * max(1.0, abs(obj_x))
+    if x is not None and x0 is not None and lower(info.objective_function_value):
+        # HiGHS 1.16 can report a lower objective than the solution it returns, which is
+        # then the warm start's values as given. Sometimes the start's binaries with its
+        # continuous values better chosen (the LP with the binaries fixed finds them);
+        # sometimes another solution, which a solve from scratch finds again: worth it
+        # when the solver had finished (at a time limit it only doubled the time, the
+        # demo's asynchronous planning 19 s instead of 10).
+        x = _best_continuous(highspy, lp, x)
+        obj_x = float(lp.col_cost_ @ x + constant)
+        if lower(info.objective_function_value) and status == highspy.HighsModelStatus.kOptimal:
+            h.passModel(lp)
+            y, info2, status2 = _run(h, highspy, None, time_limit, stats)
+            if y is not None and float(lp.col_cost_ @ y + constant) < obj_x:
+                x, info, status = y, info2, status2
+                obj_x = float(lp.col_cost_ @ x + constant)
     stats.status = h.modelStatusToString(status)
     timed_out = status in (highspy.HighsModelStatus.kTimeLimit, highspy.HighsModelStatus.kInterrupt)
     if x is None and timed_out and x0 is not None and _feasible(lp, x0):
@@ -667,6 +678,30 @@ def solve_model(h, highspy, lp, x0, constant: float, time_limit: float, stats: I
     return x
 
 
+def _best_continuous(highspy, lp, x: np.ndarray) -> np.ndarray:
+    """x with its continuous columns re-optimized for its integer columns (an LP), or x
+    itself if that LP fails."""
+    ints = np.asarray([int(v) != 0 for v in lp.integrality_], dtype=bool)
+    fixed = highspy.HighsLp()
+    fixed.num_col_, fixed.num_row_ = lp.num_col_, lp.num_row_
+    fixed.col_cost_, fixed.offset_ = lp.col_cost_, lp.offset_
+    lo, hi = np.array(lp.col_lower_, dtype=float), np.array(lp.col_upper_, dtype=float)
+    lo[ints] = hi[ints] = np.round(x[ints])
+    fixed.col_lower_, fixed.col_upper_ = lo, hi
+    fixed.row_lower_, fixed.row_upper_ = lp.row_lower_, lp.row_upper_
+    fixed.a_matrix_ = lp.a_matrix_
+    h = _quiet_highs(highspy)
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("primal_feasibility_tolerance", FEASIBILITY_TOL)
+    h.passModel(fixed)
+    h.run()
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return x
+    y = np.asarray(h.getSolution().col_value, dtype=float)
+    y[ints] = np.round(x[ints])
+    return y if float(lp.col_cost_ @ y) < float(lp.col_cost_ @ x) else x
+
+
 def _feasible(lp, x: np.ndarray, tol: float = 1e-6) -> bool:
     """Does x satisfy the bounds and rows of lp (row-wise arrays) and integrality?"""
     x = np.asarray(x, dtype=float)
@@ -681,21 +716,40 @@ def _feasible(lp, x: np.ndarray, tol: float = 1e-6) -> bool:
 
 
 def _run(h, highspy, x0, time_limit, stats):
-    """Solve (from x0 if given); return (solution or None, info, model status)."""
+    """Solve (from x0 if given); return (solution or None, info, model status).
+
+    The solution is the best, by our own costs, of getSolution() and every improving
+    solution the solver reported while it ran (its callback): at a time limit HiGHS 1.16
+    can report a better objective while getSolution() still returns the start's values."""
     if x0 is not None:
         sol = highspy.HighsSolution()
         sol.col_value = list(x0)
         sol.value_valid = True
         h.setSolution(sol)
+    best: list = [np.inf, None]
+
+    def improving(e) -> None:
+        d = e.data_out
+        if d.objective_function_value < best[0]:
+            best[0], best[1] = d.objective_function_value, np.array(d.mip_solution, dtype=float)
+    h.cbMipImprovingSolution.subscribe(improving)
     t = time.perf_counter()
-    h.run()
-    stats.solve_seconds += time.perf_counter() - t
+    try:
+        h.run()
+    finally:
+        stats.solve_seconds += time.perf_counter() - t
+        h.cbMipImprovingSolution.unsubscribe(improving)
     status = h.getModelStatus()
     info = h.getInfo()
     feasible = info.primal_solution_status == 2  # kSolutionStatusFeasible
     if status == highspy.HighsModelStatus.kInfeasible or not feasible:
         return None, info, status
-    return np.asarray(h.getSolution().col_value), info, status
+    x = np.asarray(h.getSolution().col_value)
+    if best[1] is not None and len(best[1]) == len(x):
+        lp = h.getLp()
+        if float(lp.col_cost_ @ best[1]) < float(lp.col_cost_ @ x) - 1e-12 * max(1.0, abs(best[0])):
+            x = best[1]
+    return x, info, status
 
 
 def _quiet_highs(highspy):
@@ -819,11 +873,27 @@ def _overlap_greedily(x0: np.ndarray, lp, seg_vars, cap_iv, slack: np.ndarray, y
     return x if _feasible(lp, x) and cost @ x < cost @ x0 else x0
 
 
-def _warm_start_vector(plan: Plan, n: int, seg_vars, start_slow, yz, T, async_terms, shares, share_max):
+def _warm_start_vector(plan: Plan, n: int, seg_vars, start_slow, yz, T, async_terms, shares, share_max,
+                       pairs: dict[int, int] | None = None):
     """A full assignment of the ILP's variables that reproduces `plan`, or None if the plan
-    uses moves the formulation cannot express (then HiGHS starts cold)."""
+    uses moves the formulation cannot express (then HiGHS starts cold).
+
+    A baseline may evict an updated weight after its last use although the weight started
+    the iteration fast (the executor then reads it back at the end, for the next one).
+    The model has that as its steady state: the weight starts slow, prefetched before its
+    first use (the same one read), and its later evicts are drops (its slow copy exists).
+    The other way round, a weight that starts slow and whose update stays fast is written
+    at the end (the executor's carry write): in the model, at its final segment's start.
+    Without this, lru's and first-touch's plans broke 38 steady-state rows on resnet50 test
+    at 4:1, and the asynchronous chain, started from them, found no plan in the demo's time."""
     x = np.zeros(n)
     by_id = {tp.id: tp for tp in plan.tensors}
+    made_slow = set()  # inputs that start slow in the model, not in `plan`
+    for (tid, _), sv in seg_vars.items():
+        src = (pairs or {}).get(tid)
+        if sv.seg.kind == "final" and src in start_slow and src in by_id and by_id[src].initial == "fast" \
+                and tid in by_id and any(a.kind in ("evict", "drop") and a.at >= sv.seg.start for a in by_id[tid].actions):
+            made_slow.add(src)
     for (tid, idx), sv in seg_vars.items():
         tp = by_id.get(tid)
         if tp is None:
@@ -831,11 +901,14 @@ def _warm_start_vector(plan: Plan, n: int, seg_vars, start_slow, yz, T, async_te
         seg = sv.seg
         acts = [a for a in tp.actions if seg.start <= a.at <= seg.end + 1]
         if seg.kind == "initial":
-            if tp.initial == "slow":
+            if tp.initial == "slow" or tid in made_slow:
                 x[start_slow[tid]] = 1
                 pf = [a for a in acts if a.kind == "prefetch"]
                 if not pf:
-                    return None
+                    if tid not in made_slow:
+                        return None
+                    x[sv.pS] = 1
+                    continue
                 col = sv.pX.get(pf[0].at) if pf[0].mode == "async" else sv.pE.get(pf[0].at, sv.pS)
                 if col is None or col < 0:
                     return None
@@ -843,17 +916,24 @@ def _warm_start_vector(plan: Plan, n: int, seg_vars, start_slow, yz, T, async_te
             continue
         ev = [a for a in acts if a.kind in ("evict", "drop") and a.at <= seg.end]
         if not ev:
+            src = (pairs or {}).get(tid)
+            if seg.kind == "final" and src in start_slow and (by_id[src].initial == "slow" or src in made_slow):
+                # the weight starts slow and its update is not evicted: the executor's carry
+                # write at the end, which the model has at the final segment's start
+                x[sv.wA] = x[sv.wS] = 1
             continue
         a = ev[0]
         # a sync evict or drop anywhere in the segment costs the same at its start (but for
         # its wake), where it also frees the memory soonest (lru evicts lazily): use the start
         # unless the model offers the start's own place (wL)
-        if a.kind == "evict":
+        if a.kind == "evict" and tid not in made_slow:
             x[sv.wA] = 1
             col = sv.wX.get(a.at) if a.mode == "async" else sv.wL.get(a.at, sv.wS)
             if col is None:
                 return None
             x[col] = 1
+        elif a.kind == "evict":  # made slow: a drop
+            x[sv.dA] = 1
         else:
             if a.mode != "sync":
                 return None
