@@ -22,6 +22,17 @@ PLANS = {
 }
 
 
+def recording_sessions(plan, memory, budget: int):
+    """A session factory for verify_replay, and the list of the sessions it made."""
+    sessions = []
+
+    def factory(g, mdl, opt):
+        s = ExecutorSession(g, plan, memory, mdl, opt, budget_bytes=budget)
+        sessions.append(s)
+        return s
+    return factory, sessions
+
+
 @pytest.fixture(scope="module")
 def memory():
     with make_memory_system("cpu+file") as ms:
@@ -39,13 +50,7 @@ def test_hand_written_plans_train_bit_identically_on_cpu_file(model, memory):
     for name, make in PLANS.items():
         plan = make(graph)
         expected = validate(plan, graph)
-        sessions = []
-
-        def session(g, mdl, opt):
-            s = ExecutorSession(g, plan, memory, mdl, opt, budget_bytes=expected.peak_fast_bytes)
-            sessions.append(s)
-            return s
-
+        session, sessions = recording_sessions(plan, memory, expected.peak_fast_bytes)
         v = verify_replay(w, 3, session_factory=session, graph=graph, reference=ref)
         assert v.identical, (name, v.mismatches)
         rep = sessions[0].report()
@@ -75,13 +80,7 @@ def test_a_plan_with_an_arena_trains_bit_identically_inside_it(mode, memory):
     plan = with_arena(evict_all_activations_plan(graph, mode), graph,
                       large_alignment=large_block_alignment("cpu+file"))
     budget = max(validate(plan, graph).peak_fast_bytes, plan.arena_bytes)
-    sessions = []
-
-    def session(g, mdl, opt):
-        s = ExecutorSession(g, plan, memory, mdl, opt, budget_bytes=budget)
-        sessions.append(s)
-        return s
-
+    session, sessions = recording_sessions(plan, memory, budget)
     v = verify_replay(w, 3, session_factory=session, graph=graph, reference=ref)
     assert v.identical, v.mismatches
     rep = sessions[0].report()
@@ -108,13 +107,7 @@ def test_verification_runs_the_plan_exactly_as_unverified(memory):
     plan = with_arena(lru_plan(graph, parse_budget("4:1", int(graph.live_bytes.max())), "cpu+file"), graph,
                       large_alignment=large_block_alignment("cpu+file"))
     budget = max(validate(plan, graph).peak_fast_bytes, plan.arena_bytes)
-    sessions = []
-
-    def session(g, mdl, opt):
-        s = ExecutorSession(g, plan, memory, mdl, opt, budget_bytes=budget)
-        sessions.append(s)
-        return s
-
+    session, sessions = recording_sessions(plan, memory, budget)
     v = verify_replay(w, 3, session_factory=session, graph=graph)
     assert v.identical, v.mismatches
     verified = sessions[0].report().meta["arena"]
@@ -171,13 +164,7 @@ def test_state_carried_in_slow_memory_trains_bit_identically(memory):
     del m
     plan = weights_start_slow_plan(graph)
     expected = validate(plan, graph)
-    sessions = []
-
-    def session(g, mdl, opt):
-        s = ExecutorSession(g, plan, memory, mdl, opt, budget_bytes=expected.peak_fast_bytes)
-        sessions.append(s)
-        return s
-
+    session, sessions = recording_sessions(plan, memory, expected.peak_fast_bytes)
     v = verify_replay(w, 3, session_factory=session, graph=graph)
     assert v.identical, v.mismatches
     rep = sessions[0].report()

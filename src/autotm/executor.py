@@ -815,7 +815,7 @@ class Executor(Replay):
         self._borrowed = set()
         keep = set(keep)
         self.keep = keep
-        self.kept: dict[int, torch.Tensor] = {}
+        self.kept = {}
         self.inspection_seconds = 0.0
         p = self.program
         n = len(p.kernel_nodes)

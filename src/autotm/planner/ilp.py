@@ -390,6 +390,14 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     def sync_elsewhere(kernels: range, natural: int, keep) -> list[int]:
         return _cheap_wakes(kernels, W, natural, sync_candidates, window, keep) if W.any() else []
 
+    def offer_earlier_prefetches(sv: _SegVars, kernels: range, hi: int, s: int, r_sync: float, choice: list) -> None:
+        # pE[g,p]: a sync prefetch before kernel p of the segment, resident from p to hi
+        for p in sync_elsewhere(kernels, hi + 1, start_prefetches.get(sv.seg.tensor, ())):
+            col = sv.pE[p] = int(V.add(1, cost=r_sync)[0])
+            idle.append((col, p))
+            cap_add(p, hi, col, s)
+            choice.append(col)
+
     def idle_after(col: int, copy_seconds: float, c: int) -> None:
         # an async copy longer than its kernel c: the thread waits for it before c + 1
         if copy_seconds > T[c] and c + 1 < n:
@@ -424,11 +432,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                 idle.append((sv.pS, hi + 1))
                 cap_add(lo, hi, st, -s)
                 choice = [sv.pS]
-                for p in sync_elsewhere(range(lo, hi + 1), hi + 1, start_prefetches.get(ts.tensor, ())):
-                    col = sv.pE[p] = int(V.add(1, cost=r_sync)[0])
-                    idle.append((col, p))
-                    cap_add(p, hi, col, s)
-                    choice.append(col)
+                offer_earlier_prefetches(sv, range(lo, hi + 1), hi, s, r_sync, choice)
                 if async_:
                     for c in _candidates(range(max(0, hi + 1 - window), hi + 1), T, r_async, candidates):
                         col = int(V.add(1, cost=r_host)[0])
@@ -475,11 +479,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                 sv.pS = int(V.add(1, cost=r_sync)[0])
                 idle.append((sv.pS, hi + 1))
                 pre = [sv.pS]
-                for p in sync_elsewhere(range(lo + 1, hi + 1), hi + 1, start_prefetches.get(ts.tensor, ())):
-                    col = sv.pE[p] = int(V.add(1, cost=r_sync)[0])
-                    idle.append((col, p))
-                    cap_add(p, hi, col, s)
-                    pre.append(col)
+                offer_earlier_prefetches(sv, range(lo + 1, hi + 1), hi, s, r_sync, pre)
                 if async_:
                     # not at lo: a sync evict or drop happens there
                     for c in _candidates(range(max(lo + 1, hi + 1 - window), hi + 1), T, r_async, candidates):
@@ -886,11 +886,12 @@ def _warm_start_vector(plan: Plan, n: int, seg_vars, start_slow, yz, T, async_te
     at the end (the executor's carry write): in the model, at its final segment's start.
     Without this, lru's and first-touch's plans broke 38 steady-state rows on resnet50 test
     at 4:1, and the asynchronous chain, started from them, found no plan in the demo's time."""
+    pairs = pairs or {}
     x = np.zeros(n)
     by_id = {tp.id: tp for tp in plan.tensors}
     made_slow = set()  # inputs that start slow in the model, not in `plan`
     for (tid, _), sv in seg_vars.items():
-        src = (pairs or {}).get(tid)
+        src = pairs.get(tid)
         if sv.seg.kind == "final" and src in start_slow and src in by_id and by_id[src].initial == "fast" \
                 and tid in by_id and any(a.kind in ("evict", "drop") and a.at >= sv.seg.start for a in by_id[tid].actions):
             made_slow.add(src)
@@ -916,7 +917,7 @@ def _warm_start_vector(plan: Plan, n: int, seg_vars, start_slow, yz, T, async_te
             continue
         ev = [a for a in acts if a.kind in ("evict", "drop") and a.at <= seg.end]
         if not ev:
-            src = (pairs or {}).get(tid)
+            src = pairs.get(tid)
             if seg.kind == "final" and src in start_slow and (by_id[src].initial == "slow" or src in made_slow):
                 # the weight starts slow and its update is not evicted: the executor's carry
                 # write at the end, which the model has at the final segment's start
