@@ -885,13 +885,19 @@ def _warm_start_vector(plan: Plan, n: int, seg_vars, start_slow, yz, T, async_te
     The other way round, a weight that starts slow and whose update stays fast is written
     at the end (the executor's carry write): in the model, at its final segment's start.
     Without this, lru's and first-touch's plans broke 38 steady-state rows on resnet50 test
-    at 4:1, and the asynchronous chain, started from them, found no plan in the demo's time."""
+    at 4:1, and the asynchronous chain, started from them, found no plan in the demo's time.
+    Likewise an input that starts fast and is evicted before its first use (lru makes room
+    early) starts slow in the model (which then does not charge that write): without it,
+    lru at inception_v4 cpu 8:1 broke 208 rows and no plan was found in 30 s."""
     pairs = pairs or {}
     x = np.zeros(n)
     by_id = {tp.id: tp for tp in plan.tensors}
     made_slow = set()  # inputs that start slow in the model, not in `plan`
     for (tid, _), sv in seg_vars.items():
         src = pairs.get(tid)
+        if sv.seg.kind == "initial" and tid in start_slow and tid in by_id and by_id[tid].initial == "fast" \
+                and any(a.kind in ("evict", "drop") and a.at <= sv.seg.end for a in by_id[tid].actions):
+            made_slow.add(tid)  # evicted before its first use: the model's slow start
         if sv.seg.kind == "final" and src in start_slow and src in by_id and by_id[src].initial == "fast" \
                 and tid in by_id and any(a.kind in ("evict", "drop") and a.at >= sv.seg.start for a in by_id[tid].actions):
             made_slow.add(src)
