@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from autotm.graph import Role
 from autotm.plan import Plan, PlanError, evict_all_activations_plan
-from autotm.planner import plan
+from autotm.planner import defrag_cut, plan
 from autotm.planner.arena import ALIGNMENT, assign_offsets, with_arena
 from autotm.planner.baselines import lru_plan
 from autotm.validate import FastBlock, validate
@@ -43,6 +43,34 @@ def test_best_fit_takes_the_smallest_gap():
     layout = assign_offsets([A, C, B, E, G, F], alignment=1)
     assert layout.offsets == (0, 256, 448, 576, 640, 576)  # F takes E's 64-byte hole, not C's
     assert layout.arena_bytes == layout.peak_bytes == 672
+
+
+def test_a_layout_by_time_wins_where_largest_first_fragments():
+    # largest first: C at 0, B above it (they meet at step 6), D at 0 (it never meets C);
+    # A then meets D [0, 320) and B [384, 704): the 64-byte hole between is too small, so A
+    # goes on top (832). Earliest first packs D, A, B from 0 up and C at 0 after D dies: the peak.
+    A, B, C, D = (FastBlock(0, 2, 5, 128), FastBlock(1, 3, 6, 320), FastBlock(2, 6, 7, 384),
+                  FastBlock(3, 1, 4, 320))
+    layout = assign_offsets([A, B, C, D])
+    assert layout.arena_bytes == layout.peak_bytes == 768
+    assert layout.offsets == (320, 448, 0, 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 10**9), st.integers(0, 50), st.floats(0.0, 0.8), st.floats(0.001, 3.0),
+       st.integers(1, 10**6))
+def test_the_defrag_cut_fits_a_plan_that_fragments_alike_and_always_progresses(budget, cut_pct, fill, frag, pinned):
+    limit = budget + pinned  # pinned bytes count in the limit, not in the budget
+    cut = budget * cut_pct // 100
+    peak = max(1, int((limit - cut) * (1 - fill)))  # the plan solved for limit - cut
+    arena = max(limit + 1, int(peak * (1 + frag)))  # it did not fit
+    new = defrag_cut(cut, limit, arena, peak, budget)
+    assert new >= cut + budget // 100  # progress: at least 1 % of the budget each time
+    # a plan that fills the new budget and fragments in the same proportion fits
+    assert (limit - new) * arena / peak <= limit * (1 + 1e-9)
+    # and the cut is never more than the bytes lost (the earlier rule) when the plan filled its budget
+    if fill == 0.0 and cut_pct == 0:
+        assert new <= max(cut + budget // 100, arena - peak + budget // 100)
 
 
 @settings(max_examples=60, deadline=None)

@@ -51,8 +51,9 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
             fast memory outside the budget (the original AutoTM's accounting).
         arena: give every fast residency a static offset in one arena (planner/arena.py)
             and report its size in plan.meta["arena_bytes"]; when the arena exceeds the
-            budget, plan again with the budget lowered by the overshoot (at least 1 %
-            of the budget; or by the bytes lost to fragmentation and 1 % more), up to
+            budget, plan again with a budget lower in the proportion of the bytes lost
+            to fragmentation (and 1 % of the budget more; the original cut by the
+            overshoot: module code), up to
             `defrag_retries` times (the original's defrag step). If it still does not
             fit, the plan with the smallest arena is returned with meta["arena_fits"]
             False and a warning in meta["warning"]: the plan itself is valid for the
@@ -126,16 +127,10 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
         p = laid_out(p, graph, cost_model)
         p.meta["arena_fits"] = limit is None or p.arena_bytes <= limit
         attempts.append(p)
-        # plan again for less: by the overshoot (the original's rule), or by the bytes lost
-        # to fragmentation if that is more (a plan that far under the budget would fit if
-        # it fragmented as much; a smaller cut may just return the same plan)
         if p.meta["arena_fits"]:  # (always without a budget: all-fast, all-slow)
             break
-        # (at least 1 % of the budget more each time, and 1 % more than the fragmentation:
-        # it varies by a per cent or two from one plan to the next, so a cut by the bytes
-        # lost alone often missed again, by 0.1-0.3 MiB in the demo, and cost a third solve)
-        next_cut = max(cut + max(p.arena_bytes - limit, budget_bytes // 100),
-                       p.arena_bytes - p.meta["peak_fast_with_workspace_bytes"] + budget_bytes // 100)
+        # the arena does not fit: plan again for less
+        next_cut = defrag_cut(cut, limit, p.arena_bytes, p.meta["peak_fast_with_workspace_bytes"], budget_bytes)
         if next_cut >= budget_bytes:
             break
         cut = next_cut
@@ -153,6 +148,23 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
                              + (f"; {p.meta['warning']}" if "warning" in p.meta else ""))
     p.meta["plan_seconds"] = time.perf_counter() - t0
     return p
+
+
+def defrag_cut(cut: int, limit: int, arena_bytes: int, peak_bytes: int, budget_bytes: int) -> int:
+    """The bytes to take off the budget for the next re-solve, after a plan solved with
+    `cut` bytes off laid out in `arena_bytes` > `limit` for `peak_bytes` of fast tensors.
+
+    As if the next plan fragments in the same proportion as this one: its peak
+    P' <= limit - cut' and its arena A' ~ P' A / P <= limit give
+      cut' = limit (A - P) / A + 1 % of the budget,
+    and at least 1 % of the budget more than `cut`. Fragmentation varies by a per cent or
+    two from plan to plan, hence the 1 %: without it the demo's cuts missed by 0.1-0.3 MiB
+    and cost a third solve. The original's rule, cut by the overshoot A - limit, and a cut
+    by the bytes lost, A - P, assume the bytes lost stay the same as the budget shrinks,
+    which at a tight budget they do not, and cut A / limit times more.
+    """
+    step = budget_bytes // 100
+    return max(cut + step, limit - limit * peak_bytes // arena_bytes + step)
 
 
 def laid_out(plan: Plan, graph: TrainingGraph, cost_model: CostModel) -> Plan:

@@ -13,9 +13,13 @@ memory planners):
   in the smallest gap, between the already placed blocks that overlap it in time, that
   holds it; if none does, on top of them. Sizes are rounded up to `alignment` bytes.
 
-Two more passes place in the lowest gap that fits (first fit), one in that order, one
-taking equal sizes earliest first; the smallest arena of the three is kept (each wins on
-some plans, by up to 2 %).
+More passes place in the lowest gap that fits (first fit), in other orders: the same;
+equal sizes earliest first; blocks sharing storage first (in-place updates, carried
+state: the hardest to fit), then by size; and two by time alone (earliest first, then
+the longest-lived or the largest), which pack like an allocator that never frees out of
+order. The smallest arena of the six is kept: at the tight budgets of 8:1 the time
+orders win by up to 14 % (densenet264 cpu: 316 MiB by size, 273 by time, for a peak of
+214), at loose ones size does (by up to 2 %).
 
 The arena is never smaller than the peak of fast bytes; the difference is fragmentation.
 """
@@ -47,7 +51,7 @@ class Layout:
 
 def assign_offsets(blocks: list[FastBlock] | tuple[FastBlock, ...], alignment: int = ALIGNMENT,
                    same: list[tuple[int, int]] = (), large_alignment: int | None = None) -> Layout:
-    """Offsets for `blocks` (greedy by size; the best of three passes, module doc); deterministic.
+    """Offsets for `blocks` (greedy; the best of six passes, module doc); deterministic.
 
     `same`: pairs of block indices that must share an offset (one storage the runtime
     reuses: an in-place update's input and output, a carried state's value at the end of an
@@ -75,9 +79,14 @@ def assign_offsets(blocks: list[FastBlock] | tuple[FastBlock, ...], alignment: i
     g_span = np.array([(end[members[h]] - start[members[h]] + 1).sum() for h in heads], dtype=np.int64)
     idx = np.arange(len(heads))
     best = None
+    g_shared = np.array([len(members[h]) > 1 for h in heads], dtype=np.int64)
     by_span = np.lexsort((idx, g_start, -g_span, -g_size))
-    for order, best_fit in ((by_span, True), (by_span, False),
-                            (np.lexsort((idx, -g_span, g_start, -g_size)), False)):
+    passes = ((by_span, True), (by_span, False),
+              (np.lexsort((idx, -g_span, g_start, -g_size)), False),
+              (np.lexsort((idx, g_start, -g_span, -g_size, -g_shared)), False),
+              (np.lexsort((idx, -g_span, g_start)), False),
+              (np.lexsort((idx, -g_size, g_start)), False))
+    for order, best_fit in passes:
         g_off = _place([members[heads[i]] for i in order], start, end, g_size[order], g_align[order], best_fit)
         arena = int((g_off + g_size[order]).max())
         if best is None or arena < best[1]:
