@@ -63,6 +63,7 @@ Notation (one tensor t of size s_t, one movable segment g of it; see segments.py
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -78,6 +79,11 @@ from .segments import TensorSegments, carried_pairs, tensor_segments
 # under a byte, so integer byte counts that pass the solver pass the validator's exact check.
 SCALE = float(2**10)
 MARGIN_BYTES = 0.0
+# HiGHS runs in a worker process, killed at the time limit, for models with this many
+# integer columns or more (highs_worker: HiGHS overran 9.5 s by 47 s on densenet264's
+# asynchronous model, 25k; 15 s by 9 s on its synchronous one, 14k); smaller models (the
+# demo's: 3k and 5k) solve in-process, without the process's start-up
+ISOLATE_MIN_INTEGERS = 10_000
 FEASIBILITY_TOL = 1e-9  # HiGHS's primal and MIP feasibility tolerances (capacity_chain)
 
 
@@ -638,7 +644,7 @@ def solve_model(h, highspy, lp, x0, constant: float, time_limit: float, stats: I
     """Run HiGHS (from the warm start x0 if given) and fill stats: status, objective (the
     returned solution's own value) and gap. Returns the solution, or None when the model
     is infeasible; TimeoutError when the time limit passed before any solution."""
-    x, info, status = _run(h, highspy, x0, time_limit, stats)
+    x, info, status = _run(h, highspy, lp, x0, time_limit, stats)
     obj_x = float(lp.col_cost_ @ x + constant) if x is not None else np.nan
     def lower(reported: float) -> bool:
         return reported < obj_x - 1e-9 * max(1.0, abs(obj_x))
@@ -653,7 +659,7 @@ def solve_model(h, highspy, lp, x0, constant: float, time_limit: float, stats: I
         obj_x = float(lp.col_cost_ @ x + constant)
         if lower(info.objective_function_value) and status == highspy.HighsModelStatus.kOptimal:
             h.passModel(lp)
-            y, info2, status2 = _run(h, highspy, None, time_limit, stats)
+            y, info2, status2 = _run(h, highspy, lp, None, time_limit, stats)
             if y is not None and float(lp.col_cost_ @ y + constant) < obj_x:
                 x, info, status = y, info2, status2
                 obj_x = float(lp.col_cost_ @ x + constant)
@@ -715,12 +721,23 @@ def _feasible(lp, x: np.ndarray, tol: float = 1e-6) -> bool:
                 and np.all(np.abs(x[ints] - np.round(x[ints])) <= tol))
 
 
-def _run(h, highspy, x0, time_limit, stats):
+def _run(h, highspy, lp, x0, time_limit, stats):
     """Solve (from x0 if given); return (solution or None, info, model status).
 
     The solution is the best, by our own costs, of getSolution() and every improving
     solution the solver reported while it ran (its callback): at a time limit HiGHS 1.16
-    can report a better objective while getSolution() still returns the start's values."""
+    can report a better objective while getSolution() still returns the start's values.
+    Models of ISOLATE_MIN_INTEGERS integer columns or more run in a worker process that is
+    killed at the time limit, which HiGHS alone can overrun several times (highs_worker)."""
+    t = time.perf_counter()
+    n_int = sum(1 for v in lp.integrality_ if int(v) != 0)
+    if n_int >= ISOLATE_MIN_INTEGERS and math.isfinite(time_limit):
+        from .highs_worker import request, run_isolated
+        try:
+            return run_isolated(highspy, request(h, lp, x0), time_limit + isolate_grace(time_limit),
+                                verbose=bool(h.getOptionValue("output_flag")[1]))
+        finally:
+            stats.solve_seconds += time.perf_counter() - t
     if x0 is not None:
         sol = highspy.HighsSolution()
         sol.col_value = list(x0)
@@ -733,7 +750,6 @@ def _run(h, highspy, x0, time_limit, stats):
         if d.objective_function_value < best[0]:
             best[0], best[1] = d.objective_function_value, np.array(d.mip_solution, dtype=float)
     h.cbMipImprovingSolution.subscribe(improving)
-    t = time.perf_counter()
     try:
         h.run()
     finally:
@@ -746,10 +762,15 @@ def _run(h, highspy, x0, time_limit, stats):
         return None, info, status
     x = np.asarray(h.getSolution().col_value)
     if best[1] is not None and len(best[1]) == len(x):
-        lp = h.getLp()
         if float(lp.col_cost_ @ best[1]) < float(lp.col_cost_ @ x) - 1e-12 * max(1.0, abs(best[0])):
             x = best[1]
     return x, info, status
+
+
+def isolate_grace(time_limit: float) -> float:
+    """Seconds a worker process has past the time limit: its start-up (Python, numpy,
+    highspy, the model passed: ~1 s for densenet264's) and HiGHS's own stop."""
+    return 2.0 + 0.1 * time_limit
 
 
 def _quiet_highs(highspy):

@@ -1,0 +1,185 @@
+"""HiGHS in a process of its own, so that a time limit holds (ilp.solve_model).
+
+HiGHS 1.16 checks its time limit between the steps of its root node, and one step,
+central rounding (a line search from the analytic centre, each point propagated over the
+conflict pool), ran 47 s without a check on densenet264 cpu 8:1's asynchronous model for
+a 9.5 s limit (gdb: HighsPrimalHeuristics::linesearchRounding -> tryRoundedPoint ->
+HighsDomain::propagate); no option turns the analytic centre off, and neither the
+interrupt callback nor Ctrl-C reaches it. Large models are solved here instead: the
+planner kills the process at the limit (and a grace for the start-up), and what the
+solver reported by then, its improving solutions and its dual bound, is the result.
+
+As a script it imports numpy and highspy only (not autotm, not torch): it reads one
+pickled request on stdin and writes pickled messages to the file descriptor named in
+argv[1] (HiGHS's own output goes to stderr):
+  ("solution", objective, x)   each improving solution
+  ("bound", dual bound)        at most once a second
+  ("done", status name, objective, dual bound, primal solution status, x or None)
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+OPTIONS = ("time_limit", "mip_rel_gap", "primal_feasibility_tolerance", "mip_feasibility_tolerance", "threads",
+           "output_flag")
+
+
+@dataclass
+class Info:
+    """The fields of highspy's HighsInfo that the planner reads."""
+    objective_function_value: float = float("inf")
+    mip_dual_bound: float = float("-inf")
+    primal_solution_status: int = 0  # 2: feasible
+
+
+def request(h, lp, x0) -> dict:
+    """What the worker needs: the model as row-wise arrays, h's options, the start."""
+    a = lp.a_matrix_
+    start, index, value = (np.asarray(a.start_, dtype=np.int64), np.asarray(a.index_, dtype=np.int32),
+                           np.asarray(a.value_, dtype=float))
+    if a.format_.name != "kRowwise":  # column-wise (a model read from a file): transpose
+        cols = np.repeat(np.arange(lp.num_col_, dtype=np.int32), np.diff(start))
+        order = np.lexsort((cols, index))
+        index, value, rows = cols[order], value[order], index[order]
+        start = np.searchsorted(rows, np.arange(lp.num_row_ + 1))
+    return dict(
+        options={name: h.getOptionValue(name)[1] for name in OPTIONS},
+        n=int(lp.num_col_), m=int(lp.num_row_), offset=float(lp.offset_),
+        cost=np.asarray(lp.col_cost_, dtype=float), lower=np.asarray(lp.col_lower_, dtype=float),
+        upper=np.asarray(lp.col_upper_, dtype=float), row_lower=np.asarray(lp.row_lower_, dtype=float),
+        row_upper=np.asarray(lp.row_upper_, dtype=float),
+        integer=np.asarray([int(v) != 0 for v in lp.integrality_], dtype=bool),
+        start=np.asarray(start, dtype=np.int32), index=index, value=value, x0=None if x0 is None else np.asarray(x0, dtype=float))
+
+
+def run_isolated(highspy, req: dict, deadline: float, verbose: bool = False):
+    """Solve `req` in a worker process, killed after `deadline` seconds if still running.
+
+    Returns (x or None, Info, HighsModelStatus): x the best solution reported (by our
+    costs: HiGHS can report a better objective than getSolution() returns, _run);
+    kTimeLimit when killed."""
+    r, w = os.pipe()
+    err = None if verbose else tempfile.TemporaryFile()  # (for the message, should it fail)
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(w)], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=err, pass_fds=(w,))
+    os.close(w)
+    state: dict = dict(best=None, best_cost=np.inf, bound=float("-inf"), done=None, killed=False)
+    cost = req["cost"]
+
+    def read():
+        with os.fdopen(r, "rb") as f:
+            while True:
+                try:
+                    msg = pickle.load(f)
+                except (EOFError, pickle.UnpicklingError, OSError):
+                    return
+                if msg[0] == "solution":
+                    x = msg[2]
+                    if float(cost @ x) < state["best_cost"]:
+                        state["best"], state["best_cost"] = x, float(cost @ x)
+                elif msg[0] == "bound":
+                    state["bound"] = max(state["bound"], msg[1])
+                elif msg[0] == "done":
+                    state["done"] = msg
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        try:
+            pickle.dump(req, proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        try:
+            proc.wait(timeout=max(0.0, deadline))
+        except subprocess.TimeoutExpired:
+            pass
+    finally:
+        if proc.poll() is None:
+            state["killed"] = True
+            proc.kill()
+            proc.wait()
+        reader.join(timeout=10)
+    done = state["done"]
+    tail = ""
+    if err is not None:
+        err.seek(0)
+        tail = err.read()[-2000:].decode(errors="replace").strip()
+        err.close()
+    if done is None and not state["killed"]:
+        raise RuntimeError(f"the HiGHS worker process failed (exit status {proc.returncode})"
+                           + (f": {tail.splitlines()[-1]}" if tail else ""))
+    if done is None:  # killed (or died): what it reported by then
+        x = state["best"]
+        info = Info(objective_function_value=state["best_cost"] + req["offset"], mip_dual_bound=state["bound"],
+                    primal_solution_status=2 if x is not None else 0)
+        return x, info, highspy.HighsModelStatus.kTimeLimit
+    _, status, objective, bound, primal_status, x = done
+    if x is not None and state["best"] is not None and state["best_cost"] < float(cost @ x) - 1e-12 * max(
+            1.0, abs(state["best_cost"])):
+        x = state["best"]
+    return x, Info(objective, bound, primal_status), getattr(highspy.HighsModelStatus, status)
+
+
+def _solve(req: dict, out) -> None:
+    import highspy
+
+    h = highspy.Highs()
+    for name, value in req["options"].items():
+        h.setOptionValue(name, value)
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_, lp.offset_ = req["n"], req["m"], req["offset"]
+    lp.col_cost_, lp.col_lower_, lp.col_upper_ = req["cost"], req["lower"], req["upper"]
+    lp.row_lower_, lp.row_upper_ = req["row_lower"], req["row_upper"]
+    lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
+                       for i in req["integer"]]
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = req["n"], req["m"]
+    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = req["start"], req["index"], req["value"]
+    if h.passModel(lp) == highspy.HighsStatus.kError:
+        sys.exit("HiGHS rejected the model (passModel)")
+    if req["x0"] is not None:
+        sol = highspy.HighsSolution()
+        sol.col_value = list(req["x0"])
+        sol.value_valid = True
+        h.setSolution(sol)
+    lock = threading.Lock()  # HiGHS calls back from its worker threads
+    last = [0.0]
+
+    def send(msg) -> None:
+        with lock:
+            pickle.dump(msg, out, protocol=pickle.HIGHEST_PROTOCOL)
+            out.flush()
+
+    def improving(e) -> None:
+        d = e.data_out
+        send(("solution", float(d.objective_function_value), np.array(d.mip_solution, dtype=float)))
+
+    def progress(e) -> None:
+        if time.monotonic() - last[0] >= 1.0:
+            last[0] = time.monotonic()
+            send(("bound", float(e.data_out.mip_dual_bound)))
+    h.cbMipImprovingSolution.subscribe(improving)
+    h.cbMipInterrupt.subscribe(progress)
+    h.run()
+    info = h.getInfo()
+    feasible = info.primal_solution_status == 2
+    x = np.asarray(h.getSolution().col_value, dtype=float) if feasible else None
+    send(("done", h.getModelStatus().name, float(info.objective_function_value), float(info.mip_dual_bound),
+          int(info.primal_solution_status), x))
+
+
+if __name__ == "__main__":
+    out = os.fdopen(int(sys.argv[1]), "wb")
+    os.dup2(2, 1)  # HiGHS prints on stdout: keep it off the messages and the parent's output
+    _solve(pickle.load(sys.stdin.buffer), out)
+    out.close()
