@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from autotm.planner import ilp, plan
-from autotm.planner.highs_worker import request, run_isolated
+from autotm.planner.highs_worker import request, rins, run_isolated
 from autotm.simulate import simulate
 from autotm.validate import validate
 from test_planner import chain_with_one_big_activation, cost_model
@@ -75,3 +75,29 @@ def test_plans_solved_in_a_worker_are_the_plans_solved_in_process(monkeypatch):
         assert simulate(p, g, cm).predicted_seconds == pytest.approx(q.meta["predicted_seconds"], rel=1e-9)
         assert p.meta["bound_seconds"] == pytest.approx(q.meta["bound_seconds"], rel=1e-6)
         assert p.meta["status"] == "Optimal"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rins_improves_a_poor_start_to_a_feasible_solution_no_better_than_the_optimum(seed):
+    h, lp = knapsack(seed=seed)
+    x0 = np.zeros(lp.num_col_)  # feasible and poor: nothing packed
+    x = rins(highspy, request(h, lp, x0), x0, time_limit=30)
+    assert x is not None
+    w = np.asarray(lp.a_matrix_.value_)
+    assert np.all(np.abs(x - np.round(x)) <= 1e-6) and float(w @ np.round(x)) <= lp.row_upper_[0] + 1e-9
+    h.run()
+    optimum = h.getInfo().objective_function_value
+    assert optimum - 1e-9 <= float(lp.col_cost_ @ x) < 0.0  # packs something, never beats the optimum
+    # from the optimum there is nothing to improve
+    best = np.asarray(h.getSolution().col_value)
+    assert rins(highspy, request(h, lp, best), best, time_limit=30) is None
+
+
+def test_the_worker_with_rins_first_ends_at_the_same_optimum():
+    h, lp = knapsack(seed=1)
+    x0 = np.zeros(lp.num_col_)
+    plain = run_isolated(highspy, request(h, lp, x0, rins_share=0.0), deadline=60)
+    searched = run_isolated(highspy, request(h, lp, x0, rins_share=0.4), deadline=60)
+    for x, info, status in (plain, searched):
+        assert status == highspy.HighsModelStatus.kOptimal
+    assert float(lp.col_cost_ @ searched[0]) == pytest.approx(float(lp.col_cost_ @ plain[0]), abs=1e-9)

@@ -9,6 +9,10 @@ interrupt callback nor Ctrl-C reaches it. Large models are solved here instead: 
 planner kills the process at the limit (and a grace for the start-up), and what the
 solver reported by then, its improving solutions and its dual bound, is the result.
 
+Before HiGHS, from the start it was given, the worker runs rins() (a relaxation induced
+neighbourhood search) with a share of the limit: on these models HiGHS reaches its own
+such search only after its root node, tens of seconds in.
+
 As a script it imports numpy and highspy only (not autotm, not torch): it reads one
 pickled request on stdin and writes pickled messages to the file descriptor named in
 argv[1] (HiGHS's own output goes to stderr):
@@ -30,6 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# rins() first, with this share of the time limit (its LP half of it, its sub-MIP the rest)
+RINS_SHARE = 0.4
 OPTIONS = ("time_limit", "mip_rel_gap", "primal_feasibility_tolerance", "mip_feasibility_tolerance", "threads",
            "output_flag")
 
@@ -42,8 +48,9 @@ class Info:
     primal_solution_status: int = 0  # 2: feasible
 
 
-def request(h, lp, x0) -> dict:
-    """What the worker needs: the model as row-wise arrays, h's options, the start."""
+def request(h, lp, x0, rins_share: float = RINS_SHARE) -> dict:
+    """What the worker needs: the model as row-wise arrays, h's options, the start, and
+    the share of the time limit that rins() may take before HiGHS runs from its result."""
     a = lp.a_matrix_
     start, index, value = (np.asarray(a.start_, dtype=np.int64), np.asarray(a.index_, dtype=np.int32),
                            np.asarray(a.value_, dtype=float))
@@ -59,7 +66,8 @@ def request(h, lp, x0) -> dict:
         upper=np.asarray(lp.col_upper_, dtype=float), row_lower=np.asarray(lp.row_lower_, dtype=float),
         row_upper=np.asarray(lp.row_upper_, dtype=float),
         integer=np.asarray([int(v) != 0 for v in lp.integrality_], dtype=bool),
-        start=np.asarray(start, dtype=np.int32), index=index, value=value, x0=None if x0 is None else np.asarray(x0, dtype=float))
+        start=np.asarray(start, dtype=np.int32), index=index, value=value, rins_share=float(rins_share),
+        x0=None if x0 is None else np.asarray(x0, dtype=float))
 
 
 def run_isolated(highspy, req: dict, deadline: float, verbose: bool = False):
@@ -130,28 +138,68 @@ def run_isolated(highspy, req: dict, deadline: float, verbose: bool = False):
     return x, Info(objective, bound, primal_status), getattr(highspy.HighsModelStatus, status)
 
 
-def _solve(req: dict, out) -> None:
-    import highspy
-
+def _highs(highspy, req: dict, time_limit: float, lower=None, upper=None, integer: bool = True):
+    """A Highs object holding req's model (its bounds replaced by lower/upper if given;
+    the LP relaxation when not integer), with req's options and this time limit."""
     h = highspy.Highs()
     for name, value in req["options"].items():
         h.setOptionValue(name, value)
+    h.setOptionValue("time_limit", float(time_limit))
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_, lp.offset_ = req["n"], req["m"], req["offset"]
-    lp.col_cost_, lp.col_lower_, lp.col_upper_ = req["cost"], req["lower"], req["upper"]
+    lp.col_cost_ = req["cost"]
+    lp.col_lower_ = req["lower"] if lower is None else lower
+    lp.col_upper_ = req["upper"] if upper is None else upper
     lp.row_lower_, lp.row_upper_ = req["row_lower"], req["row_upper"]
-    lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
-                       for i in req["integer"]]
+    if integer:
+        lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
+                           for i in req["integer"]]
     lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
     lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = req["n"], req["m"]
     lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = req["start"], req["index"], req["value"]
     if h.passModel(lp) == highspy.HighsStatus.kError:
         sys.exit("HiGHS rejected the model (passModel)")
-    if req["x0"] is not None:
-        sol = highspy.HighsSolution()
-        sol.col_value = list(req["x0"])
-        sol.value_valid = True
-        h.setSolution(sol)
+    return h
+
+
+def _set_start(highspy, h, x) -> None:
+    sol = highspy.HighsSolution()
+    sol.col_value = list(x)
+    sol.value_valid = True
+    h.setSolution(sol)
+
+
+def rins(highspy, req: dict, x0: np.ndarray, time_limit: float) -> np.ndarray | None:
+    """Relaxation induced neighbourhood search (Danna, Rothberg, Le Pape 2005) from x0:
+    solve the LP relaxation, fix every integer column on which it agrees with x0, and
+    solve the small MIP left, from x0. A better solution than x0, or None.
+
+    HiGHS runs the same search itself, but only after its root node's cut rounds and
+    central rounding: on densenet264 cpu 8:1's asynchronous model (copies charged in full,
+    25k binaries) its sub-MIP found 2.440 s at 42.8 s from a 3.179 s start; this finds
+    2.471 s in 4.5 s (LP 2.0 s, 3.7k integer columns left free)."""
+    t0 = time.monotonic()
+    h = _highs(highspy, req, time_limit / 2, integer=False)
+    h.run()
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return None
+    agree = req["integer"] & (np.abs(np.asarray(h.getSolution().col_value) - x0) <= 1e-6)
+    if agree.all() or not agree.any():  # x0 solves the relaxation, or nothing to fix
+        return None
+    lower, upper = req["lower"].copy(), req["upper"].copy()
+    lower[agree] = upper[agree] = np.round(x0[agree])
+    h = _highs(highspy, req, max(0.1, time_limit - (time.monotonic() - t0)), lower, upper)
+    _set_start(highspy, h, x0)
+    h.run()
+    if h.getInfo().primal_solution_status != 2:
+        return None
+    x = np.asarray(h.getSolution().col_value, dtype=float)
+    return x if float(req["cost"] @ x) < float(req["cost"] @ x0) - 1e-12 * max(1.0, abs(float(req["cost"] @ x0))) else None
+
+
+def _solve(req: dict, out) -> None:
+    import highspy
+
     lock = threading.Lock()  # HiGHS calls back from its worker threads
     last = [0.0]
 
@@ -159,6 +207,18 @@ def _solve(req: dict, out) -> None:
         with lock:
             pickle.dump(msg, out, protocol=pickle.HIGHEST_PROTOCOL)
             out.flush()
+
+    t0 = time.monotonic()
+    limit = float(req["options"]["time_limit"])
+    x0 = req["x0"]
+    if x0 is not None and req.get("rins_share", 0) > 0 and req["integer"].any():
+        x = rins(highspy, req, x0, req["rins_share"] * limit)
+        if x is not None:
+            send(("solution", float(req["cost"] @ x + req["offset"]), x))
+            x0 = x
+    h = _highs(highspy, req, max(0.1, limit - (time.monotonic() - t0)))
+    if x0 is not None:
+        _set_start(highspy, h, x0)
 
     def improving(e) -> None:
         d = e.data_out
