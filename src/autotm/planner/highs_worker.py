@@ -132,8 +132,7 @@ def run_isolated(highspy, req: dict, deadline: float, verbose: bool = False):
                     primal_solution_status=2 if x is not None else 0)
         return x, info, highspy.HighsModelStatus.kTimeLimit
     _, status, objective, bound, primal_status, x = done
-    if x is not None and state["best"] is not None and state["best_cost"] < float(cost @ x) - 1e-12 * max(
-            1.0, abs(state["best_cost"])):
+    if x is not None and state["best"] is not None and cheaper(cost, state["best"], x):
         x = state["best"]
     return x, Info(objective, bound, primal_status), getattr(highspy.HighsModelStatus, status)
 
@@ -162,11 +161,18 @@ def _highs(highspy, req: dict, time_limit: float, lower=None, upper=None, intege
     return h
 
 
-def _set_start(highspy, h, x) -> None:
+def set_start(highspy, h, x) -> None:
+    """Give h the solution x to start from (HiGHS keeps it as its incumbent if feasible)."""
     sol = highspy.HighsSolution()
     sol.col_value = list(x)
     sol.value_valid = True
     h.setSolution(sol)
+
+
+def cheaper(cost: np.ndarray, x: np.ndarray, y: np.ndarray) -> bool:
+    """Whether x costs less than y by more than rounding (relative 1e-12)."""
+    cx, cy = float(cost @ x), float(cost @ y)
+    return cx < cy - 1e-12 * max(1.0, abs(cy))
 
 
 def rins(highspy, req: dict, x0: np.ndarray, time_limit: float) -> np.ndarray | None:
@@ -189,12 +195,12 @@ def rins(highspy, req: dict, x0: np.ndarray, time_limit: float) -> np.ndarray | 
     lower, upper = req["lower"].copy(), req["upper"].copy()
     lower[agree] = upper[agree] = np.round(x0[agree])
     h = _highs(highspy, req, max(0.1, time_limit - (time.monotonic() - t0)), lower, upper)
-    _set_start(highspy, h, x0)
+    set_start(highspy, h, x0)
     h.run()
     if h.getInfo().primal_solution_status != 2:
         return None
     x = np.asarray(h.getSolution().col_value, dtype=float)
-    return x if float(req["cost"] @ x) < float(req["cost"] @ x0) - 1e-12 * max(1.0, abs(float(req["cost"] @ x0))) else None
+    return x if cheaper(req["cost"], x, x0) else None
 
 
 def _solve(req: dict, out) -> None:
@@ -211,14 +217,14 @@ def _solve(req: dict, out) -> None:
     t0 = time.monotonic()
     limit = float(req["options"]["time_limit"])
     x0 = req["x0"]
-    if x0 is not None and req.get("rins_share", 0) > 0 and req["integer"].any():
+    if x0 is not None and req["rins_share"] > 0 and req["integer"].any():
         x = rins(highspy, req, x0, req["rins_share"] * limit)
         if x is not None:
             send(("solution", float(req["cost"] @ x + req["offset"]), x))
             x0 = x
     h = _highs(highspy, req, max(0.1, limit - (time.monotonic() - t0)))
     if x0 is not None:
-        _set_start(highspy, h, x0)
+        set_start(highspy, h, x0)
 
     def improving(e) -> None:
         d = e.data_out

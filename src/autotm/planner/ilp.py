@@ -72,6 +72,7 @@ import numpy as np
 from ..costmodel import CostModel
 from ..graph import TrainingGraph
 from ..plan import Action, Plan, TensorPlan
+from .highs_worker import cheaper, request, run_isolated, set_start
 from .segments import TensorSegments, carried_pairs, tensor_segments
 
 # Capacity in KiB, as a running sum along the kernels (capacity_chain): the solver's
@@ -732,17 +733,13 @@ def _run(h, highspy, lp, x0, time_limit, stats):
     t = time.perf_counter()
     n_int = sum(1 for v in lp.integrality_ if int(v) != 0)
     if n_int >= ISOLATE_MIN_INTEGERS and math.isfinite(time_limit):
-        from .highs_worker import request, run_isolated
         try:
             return run_isolated(highspy, request(h, lp, x0), time_limit + isolate_grace(time_limit),
                                 verbose=bool(h.getOptionValue("output_flag")[1]))
         finally:
             stats.solve_seconds += time.perf_counter() - t
     if x0 is not None:
-        sol = highspy.HighsSolution()
-        sol.col_value = list(x0)
-        sol.value_valid = True
-        h.setSolution(sol)
+        set_start(highspy, h, x0)
     best: list = [np.inf, None]
 
     def improving(e) -> None:
@@ -762,7 +759,7 @@ def _run(h, highspy, lp, x0, time_limit, stats):
         return None, info, status
     x = np.asarray(h.getSolution().col_value)
     if best[1] is not None and len(best[1]) == len(x):
-        if float(lp.col_cost_ @ best[1]) < float(lp.col_cost_ @ x) - 1e-12 * max(1.0, abs(best[0])):
+        if cheaper(lp.col_cost_, best[1], x):
             x = best[1]
     return x, info, status
 
