@@ -115,7 +115,13 @@ def test_verification_runs_the_plan_exactly_as_unverified(memory):
     try:
         for i in range(3):
             plain.step(w.make_batch(seed=i))
-        assert plain.report().meta["arena"] == verified
+        plain_stats = plain.report().meta["arena"]
+        # outputs_copied_bytes counts the outputs a kernel happened to allocate outside its
+        # slot (oneDNN's temporaries of the same size still alive): it varies with timing
+        # under load (491,520 vs 557,056 of 455 MB in one CI run), so it is bounded, not equal
+        copied = (plain_stats.pop("outputs_copied_bytes"), verified.pop("outputs_copied_bytes"))
+        assert plain_stats == verified
+        assert max(copied) <= 0.01 * verified["large_outputs_bytes"]
         assert verified["large_outputs_in_arena_bytes"] >= 0.75 * verified["large_outputs_bytes"] > 0
     finally:
         plain.close()
