@@ -190,6 +190,34 @@ def test_plan_re_solves_for_less_when_the_arena_does_not_fit():
     assert plan(g, cm, budget, "synchronous", mip_gap=1e-6, arena=False).arena_bytes is None
 
 
+def test_a_re_solve_starts_near_the_plan_that_did_not_fit_within_the_same_time_limit(monkeypatch):
+    """The re-solve is given the plan that fragmented as its reference point and what is
+    left of the call's time limit (at least RESOLVE_SHARE of it), not a fresh limit."""
+    import autotm.planner as planner
+
+    sizes = [3072, 8192, 8192, 1024, 8192, 1024, 5120, 7168, 6144]
+    kernels = [([], [0]), ([], [1]), ([], [2]), ([2], [3]), ([0], [4]), ([0, 3], [5]), ([], [6]), ([2, 5], [7]),
+               ([3], [8])]
+    g = make_graph(sizes, kernels, outputs=(8,), roles={8: Role.OUTPUT})
+    cm = cost_model(g, [1e-3] * 9, bw=5e6, latency=1e-5)
+    calls = []
+    solve = planner._solve
+
+    def spied(*args, **kwargs):
+        calls.append((kwargs["time_limit"], kwargs["previous"]))
+        return solve(*args, **kwargs)
+    monkeypatch.setattr(planner, "_solve", spied)
+    limit = 20.0
+    p = plan(g, cm, 20186, "synchronous", mip_gap=1e-6, time_limit=limit)
+    assert len(calls) == len(p.meta["defrag_history"]) >= 2
+    assert calls[0] == (limit, None)
+    for (t, previous), before in zip(calls[1:], p.meta["defrag_history"]):
+        assert planner.RESOLVE_SHARE * limit <= t < limit
+        assert previous is not None and previous.meta["solver_budget_bytes"] == before[0]
+    assert "previous attempt" in p.meta["searched_near"]
+    assert p.meta["arena_fits"] and validate(p, g).peak_fast_bytes <= p.meta["solver_budget_bytes"]
+
+
 def _overlap(a, b):
     return a.start <= b.end and b.start <= a.end
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from autotm.planner import ilp, plan
-from autotm.planner.highs_worker import request, rins, run_isolated
+from autotm.planner.highs_worker import improve_start, request, rins, run_isolated
 from autotm.simulate import simulate
 from autotm.validate import validate
 from test_planner import chain_with_one_big_activation, cost_model
@@ -101,3 +101,26 @@ def test_the_worker_with_rins_first_ends_at_the_same_optimum():
     for x, info, status in (plain, searched):
         assert status == highspy.HighsModelStatus.kOptimal
     assert float(lp.col_cost_ @ searched[0]) == pytest.approx(float(lp.col_cost_ @ plain[0]), abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_rins_from_a_point_over_the_capacity_returns_a_solution_that_fits(seed):
+    """The arena's re-solve searches near the plan that broke the lower budget: rins()
+    from a point that breaks a row returns a feasible solution, never below the optimum,
+    and improve_start takes it over a poorer feasible start."""
+    h, lp = knapsack(seed=seed)
+    over = np.ones(lp.num_col_)  # everything packed: three times the capacity
+    w = np.asarray(lp.a_matrix_.value_)
+    assert float(w @ over) > lp.row_upper_[0]
+    x = rins(highspy, request(h, lp, None), over, time_limit=30)
+    assert x is not None
+    assert np.all(np.abs(x - np.round(x)) <= 1e-6) and float(w @ np.round(x)) <= lp.row_upper_[0] + 1e-9
+    h.run()
+    optimum = h.getInfo().objective_function_value
+    assert optimum - 1e-9 <= float(lp.col_cost_ @ x) < 0.0
+    poor = np.zeros(lp.num_col_)
+    y = improve_start(highspy, request(h, lp, poor, reference=over), time_limit=30)
+    assert float(w @ y) <= lp.row_upper_[0] + 1e-9 and float(lp.col_cost_ @ y) < 0.0
+    # without a reference, the search starts from the start itself
+    z = improve_start(highspy, request(h, lp, poor), time_limit=30)
+    assert float(lp.col_cost_ @ z) < 0.0

@@ -86,9 +86,9 @@ def test_a_synchronous_start_is_made_asynchronous_before_the_solver_runs(monkeyp
     starts = []
     solve = ilp.solve_model
 
-    def watched(h, highspy, lp, x0, constant, *args):
+    def watched(h, highspy, lp, x0, constant, *args, **kwargs):
         starts.append(float(lp.col_cost_ @ x0 + constant))
-        return solve(h, highspy, lp, x0, constant, *args)
+        return solve(h, highspy, lp, x0, constant, *args, **kwargs)
     monkeypatch.setattr(ilp, "solve_model", watched)
     p, _ = solve_staged(g, cm, 102, formulation="asynchronous", warm_start=sync_plan)
     assert starts == [pytest.approx(6.0)]
@@ -183,9 +183,9 @@ def test_the_baselines_are_solutions_of_the_model(monkeypatch):
     starts = []
     solve = ilp.solve_model
 
-    def watched(h, highspy, lp, x0, constant, *args):
+    def watched(h, highspy, lp, x0, constant, *args, **kwargs):
         starts.append((ilp._feasible(lp, x0), float(lp.col_cost_ @ x0 + constant)))
-        return solve(h, highspy, lp, x0, constant, *args)
+        return solve(h, highspy, lp, x0, constant, *args, **kwargs)
     monkeypatch.setattr(ilp, "solve_model", watched)
     for make in (lru_plan, first_touch_plan):
         base = make(g, budget, "cpu+file", keep_fast=frozenset(
@@ -226,9 +226,9 @@ def test_a_weight_evicted_before_its_first_use_starts_slow_in_the_model(monkeypa
     starts = []
     solve = ilp.solve_model
 
-    def watched(h, highspy, lp, x0, constant, *args):
+    def watched(h, highspy, lp, x0, constant, *args, **kwargs):
         starts.append((ilp._feasible(lp, x0), float(lp.col_cost_ @ x0 + constant)))
-        return solve(h, highspy, lp, x0, constant, *args)
+        return solve(h, highspy, lp, x0, constant, *args, **kwargs)
     monkeypatch.setattr(ilp, "solve_model", watched)
     solve_staged(g, cm, g.peak_live_bytes, formulation="synchronous", warm_start=base, time_limit=5)
     feasible, objective = starts[-1]

@@ -29,6 +29,8 @@ FORMULATIONS = ("static", "synchronous", "asynchronous")
 BASELINES = ("all-fast", "first-touch", "lru", "all-slow")
 PINNED_ROLES = (Role.WEIGHT, Role.BUFFER, Role.OPTIMIZER_STATE, Role.INPUT, Role.SCALAR, Role.CONSTANT, Role.OUTPUT)
 
+RESOLVE_SHARE = 0.4  # the least share of time_limit an arena re-solve has
+
 __all__ = ["plan", "laid_out", "FORMULATIONS", "BASELINES", "InfeasibleBudget"]
 
 
@@ -45,16 +47,18 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
             "all-slow" (direct access only).
         window: async moves may overlap kernels up to this many positions from the use.
         time_limit, mip_gap: solver limits; on a time limit the best plan found is
-            returned with its gap in plan.meta["gap"]. Each of the arena's re-solves
-            (below) has the same limit.
+            returned with its gap in plan.meta["gap"]. The arena's re-solves (below)
+            share the limit: each has what is left of it, or RESOLVE_SHARE (40 %) of it
+            if more. meta["solve_seconds"] is the solver's time over all of them.
         pin_params: keep weights, optimizer state, buffers, the batch and the loss in
             fast memory outside the budget (the original AutoTM's accounting).
         arena: give every fast residency a static offset in one arena (planner/arena.py)
             and report its size in plan.meta["arena_bytes"]; when the arena exceeds the
             budget, plan again with a budget lower in the proportion of the bytes lost
-            to fragmentation (and 1 % of the budget more; the original cut by the
-            overshoot: module code), up to
-            `defrag_retries` times (the original's defrag step). If it still does not
+            to fragmentation (the worst seen; and 1 % of the budget more; the original
+            cut by the overshoot: defrag_cut), up to `defrag_retries` times (the
+            original's defrag step); each re-solve starts its search near the plan that
+            did not fit. If it still does not
             fit, the plan with the smallest arena is returned with meta["arena_fits"]
             False and a warning in meta["warning"]: the plan itself is valid for the
             budget, only its static layout is larger (the executor then runs it on the
@@ -100,20 +104,11 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
                 workspace=workspace if workspace.any() else None,
                 warm_start=warm_start and not pin_params, threads=threads, verbose=verbose)
 
-    attempts: list[Plan] = []
-    cut = 0  # bytes taken off the budget so that the arena fits
-    for retry in range(defrag_retries + 1 if arena and limit is not None else 1):
-        try:
-            p, meta = _solve(graph, cost_model, formulation, budget_bytes - cut, validation_budget - cut, **opts)
-        except InfeasibleBudget:
-            if not attempts:
-                raise
-            attempts[-1].meta["warning"] = (f"a budget {cut:,} bytes lower, to fit the arena, is infeasible")
-            break
+    def described(p: Plan, meta: dict, cut: int, retry: int) -> Plan:
         p = dataclasses.replace(p, budget_bytes=limit, memory_system=ms)
         report = validate(p, graph, reserved_bytes=workspace if limit is not None and workspace.any() else None)
         sim = simulate(p, graph, cost_model)
-        meta.update(formulation=formulation, pin_params=pin_params, requested_budget_bytes=budget_bytes,
+        meta = dict(meta, formulation=formulation, pin_params=pin_params, requested_budget_bytes=budget_bytes,
                     solver_budget_bytes=budget_bytes - cut, defrag_retries=retry,
                     predicted_seconds=sim.predicted_seconds, peak_fast_bytes=report.peak_fast_bytes,
                     bytes_to_slow=report.bytes_to_slow, bytes_to_fast=report.bytes_to_fast, moves=report.moves,
@@ -121,27 +116,56 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
                     peak_workspace_bytes=int(workspace.max(initial=0)),
                     peak_fast_with_workspace_bytes=int((report.fast_bytes + workspace).max(initial=0)))
         p = dataclasses.replace(p, meta=meta)
-        if not arena:
-            attempts.append(p)
+        if arena:
+            p = laid_out(p, graph, cost_model)
+            p.meta["arena_fits"] = limit is None or p.arena_bytes <= limit
+        return p
+
+    attempts: list[Plan] = []
+    cut = 0  # bytes taken off the budget so that the arena fits
+    worst = (0, 1)  # (arena bytes, peak bytes) of the most fragmented layout seen
+    for retry in range(defrag_retries + 1 if arena and limit is not None else 1):
+        if retry:
+            # the re-solves share the call's time limit: what the first left, but at least
+            # RESOLVE_SHARE of it each (re-solving with the full limit each time made
+            # densenet264 cpu 8:1's 30 s plan take 189 s, and the demo's asynchronous 8 s
+            # plan 17 s)
+            opts["time_limit"] = max(time_limit - (time.perf_counter() - t0), time_limit * RESOLVE_SHARE)
+        try:
+            p, meta = _solve(graph, cost_model, formulation, budget_bytes - cut, validation_budget - cut, **opts,
+                             previous=attempts[-1] if attempts else None)
+        except InfeasibleBudget:
+            if not attempts:
+                raise
+            attempts[-1].meta["warning"] = (f"a budget {cut:,} bytes lower, to fit the arena, is infeasible")
             break
-        p = laid_out(p, graph, cost_model)
-        p.meta["arena_fits"] = limit is None or p.arena_bytes <= limit
+        p = described(p, meta, cut, retry)
         attempts.append(p)
-        if p.meta["arena_fits"]:  # (always without a budget: all-fast, all-slow)
+        if p.meta.get("arena_fits", True):  # (always without a budget: all-fast, all-slow)
             break
-        # the arena does not fit: plan again for less
-        next_cut = defrag_cut(cut, limit, p.arena_bytes, p.meta["peak_fast_with_workspace_bytes"], budget_bytes)
+        # the arena does not fit: plan again for less, as if the next plan fragments like
+        # the worst seen (fragmentation varies by several per cent from plan to plan and
+        # grows as the budget falls: the demo's asynchronous plans 4.5 % then 10.8 %,
+        # densenet264 cpu 8:1's 12 %, 18 %, 19 %; each miss costs a solve)
+        worst = max(worst, (p.arena_bytes, p.meta["peak_fast_with_workspace_bytes"]), key=lambda w: w[0] / w[1])
+        next_cut = defrag_cut(cut, limit, *worst, budget_bytes)
         if next_cut >= budget_bytes:
             break
         cut = next_cut
     fitting = [a for a in attempts if a.meta.get("arena_fits", True)]
-    p = fitting[0] if fitting else min(attempts, key=lambda a: a.arena_bytes)
+    p = (min(fitting, key=lambda a: a.meta["predicted_seconds"]) if fitting
+         else min(attempts, key=lambda a: a.arena_bytes))
+    if "solve_seconds" in p.meta:  # the solver's time over all attempts
+        p.meta["solve_seconds"] = sum(a.meta.get("solve_seconds", 0.0) for a in attempts)
     if arena:  # each attempt: (budget solved for, arena bytes, fragmentation, predicted seconds)
         p.meta["defrag_history"] = [(a.meta["solver_budget_bytes"], a.arena_bytes, a.meta["fragmentation"],
                                      a.meta["predicted_seconds"]) for a in attempts]
     if attempts[0].meta.get("bound_seconds") is not None:
         # the solver's bound at the requested budget (a re-solve's, for less, is no bound here)
-        p.meta["bound_seconds"] = attempts[0].meta["bound_seconds"]
+        p.meta["bound_seconds"] = bound = attempts[0].meta["bound_seconds"]
+        if p is not attempts[0]:  # the gap, too, is to that bound: what fitting the arena cost included
+            t = p.meta["predicted_seconds"]
+            p.meta["gap"] = max(0.0, (t - bound) / t)
     if not fitting:
         p.meta["warning"] = (f"the arena ({p.arena_bytes:,} bytes) exceeds the budget ({limit:,} bytes) after "
                              f"{len(attempts) - 1} re-solves with a lower budget"
@@ -183,11 +207,19 @@ def large_block_alignment(memory_system: str) -> int | None:
 
 
 def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, window, time_limit, mip_gap,
-           pinned, extra, workspace, warm_start, threads, verbose) -> tuple[Plan, dict]:
-    """One plan for one budget, without meta on time or bytes (plan() adds those)."""
+           pinned, extra, workspace, warm_start, threads, verbose,
+           previous: Plan | None = None) -> tuple[Plan, dict]:
+    """One plan for one budget, without meta on time or bytes (plan() adds those).
+
+    previous: the plan for a higher budget whose arena did not fit (plan()'s re-solve).
+    The staged ILP searches its neighbourhood first (ilp.solve_staged's reference): the
+    plan that fits is mostly the same plan with a few more moves, and from the baseline
+    alone, with the re-solve's share of the time, the demo's asynchronous re-solve came
+    back at 0.438 s instead of 0.340 s."""
     ms = cost_model.memory_system
     direct = cost_model.access == "direct"
     meta: dict = {}
+    chain_seconds = 0.0
     ilp = dict(time_limit=time_limit, mip_gap=mip_gap, pinned=pinned, budget_extra=extra, threads=threads)
     if formulation == "all-fast":
         p = dataclasses.replace(all_fast(graph, ms), access=cost_model.access)
@@ -210,8 +242,15 @@ def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, w
         if warm_start:
             start = (_best_direct_start(graph, cost_model, budget_bytes, validation_budget, ilp, workspace) if direct
                      else _best_baseline(graph, cost_model, validation_budget, workspace,
-                                         min_tensor_bytes_for(graph, budget_bytes, extra, pinned)))
+                                         min_tensor_bytes_for(graph, budget_bytes, extra, pinned),
+                                         # (a re-solve starts near the previous plan: lru, the
+                                         # quick one, is only the start should that fail;
+                                         # first-touch took 6 s of densenet264 cpu 8:1's re-solve)
+                                         ("lru",) if previous is not None else ("lru", "first-touch")))
         sync_start = start  # the best start a synchronous model can take (for the fallback)
+        reference = previous if (warm_start and not direct) else None
+        if reference is not None:
+            ilp = dict(ilp, reference=reference)
         if formulation == "asynchronous" and warm_start:
             # the chain shares time_limit: each stage has its share of what the ones before
             # left (the synchronous model often finishes early; when it needs its half, its
@@ -223,10 +262,13 @@ def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, w
             def left(share: float) -> float:
                 return max(0.05 * time_limit, share * (time_limit - (time.perf_counter() - t_chain)))
             # every synchronous plan is an asynchronous plan: solve the small model first
+            # (not on a re-solve: the previous asynchronous plan is the better place to start)
             try:
-                sync_plan, _ = solve(graph, cost_model, budget_bytes, formulation="synchronous",
-                                     **dict(ilp, time_limit=left(1 / 2)), warm_start=start[0] if start else None)
-                start = sync_start = (sync_plan, "synchronous")
+                if reference is None:
+                    sync_plan, st = solve(graph, cost_model, budget_bytes, formulation="synchronous",
+                                         **dict(ilp, time_limit=left(1 / 2)), warm_start=start[0] if start else None)
+                    start = sync_start = (sync_plan, "synchronous")
+                    chain_seconds += st.solve_seconds
             except TimeoutError:  # no synchronous plan in time: start from the baseline
                 pass
             if cost_model.async_overlap:
@@ -236,10 +278,12 @@ def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, w
                 # in full solves well and its plans are feasible here, and cheaper: start there.
                 try:
                     plain = dataclasses.replace(cost_model, async_overlap=False)
-                    full_plan, _ = solve(graph, plain, budget_bytes, formulation="asynchronous", window=window,
-                                         **dict(ilp, time_limit=left(2 / 3)),
+                    full_plan, st = solve(graph, plain, budget_bytes, formulation="asynchronous", window=window,
+                                         **dict(ilp, time_limit=left(2 / 3 if reference is None else 3 / 4)),
                                          warm_start=start[0] if start else None)
                     start = (full_plan, "asynchronous, copies charged in full")
+                    chain_seconds += st.solve_seconds
+                    ilp.pop("reference", None)  # (searched: its neighbourhood is in the start)
                 except TimeoutError:
                     pass
             # the chain as a whole stays within time_limit; from this start the final model
@@ -255,13 +299,16 @@ def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, w
             # small tensors move too): a synchronous plan, which is an asynchronous one, with
             # the whole limit, from the synchronous plan or baseline (so that there is one)
             p, stats = solve(graph, cost_model, budget_bytes, formulation="synchronous",
-                             **dict(ilp, time_limit=time_limit), verbose=verbose,
+                             **dict({k: v for k, v in ilp.items() if k != "reference"}, time_limit=time_limit), verbose=verbose,
                              warm_start=sync_start[0] if sync_start else None)
             p = dataclasses.replace(p, planner=formulation)
             stats.bound = float("nan")  # (the synchronous model's bound is none for asynchronous plans)
             meta["fallback"] = "synchronous (no asynchronous plan found within the time limit)"
+        stats.solve_seconds += chain_seconds  # (the whole chain's: what the user waited for)
         meta.update(_stats_meta(stats), window=window,
                     warm_start=start[1] if start else None)
+        if reference is not None:
+            meta["searched_near"] = "the previous attempt's plan (for a higher budget)"
         if start is not None:
             # the solver keeps a feasible warm start as its incumbent; should it ever return
             # something slower (a start it could not use, then a time limit), keep the start
@@ -311,13 +358,15 @@ def _best_direct_start(graph, cost_model, budget_bytes, validation_budget, ilp, 
     return (best[0], best[1]) if best else None
 
 
-def _best_baseline(graph, cost_model, budget, workspace, min_tensor_bytes):
+def _best_baseline(graph, cost_model, budget, workspace, min_tensor_bytes, kinds=("lru", "first-touch")):
     """The fastest feasible baseline plan, as a warm start for the ILP. The baselines keep
     the tensors the ILP does not move (those under `min_tensor_bytes`, ilp.min_tensor_bytes_for)
     in fast memory, so that the start is a solution of the model."""
     best = None
     small = frozenset(t.id for t in graph.tensors if t.nbytes < min_tensor_bytes)
     for name, make in (("lru", lru_plan), ("first-touch", first_touch_plan)):
+        if name not in kinds:
+            continue
         try:
             p = make(graph, budget, cost_model.memory_system, keep_fast=small, workspace=workspace)
             validate(p, graph, reserved_bytes=workspace)

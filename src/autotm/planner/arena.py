@@ -118,7 +118,9 @@ def _place(groups: list[list[int]], start: np.ndarray, end: np.ndarray, size: np
     """Offsets of the groups of blocks placed one by one in the order given (module doc);
     size[j] and align[j] are group j's."""
     m_total = len(start)
-    # placed intervals, as arrays for vectorized overlap tests
+    # placed intervals, kept sorted by offset (ties in the order placed), for vectorized
+    # overlap tests that need no sort: sorting the overlapping ones at each step took a
+    # third of densenet264's layout time
     p_start = np.empty(m_total, dtype=np.int64)
     p_end = np.empty(m_total, dtype=np.int64)
     p_off = np.empty(m_total, dtype=np.int64)
@@ -132,8 +134,6 @@ def _place(groups: list[list[int]], start: np.ndarray, end: np.ndarray, size: np
             hit |= (p_start[:m] <= end[i]) & (p_end[:m] >= start[i])
         if hit.any():
             offs, tops = p_off[:m][hit], p_top[:m][hit]
-            o = np.argsort(offs, kind="stable")
-            offs, tops = offs[o], tops[o]
             reach = np.maximum.accumulate(tops)  # highest address used below each block
             gap_lo = -(-np.concatenate(([0], reach[:-1])) // al) * al
             gaps = offs - gap_lo
@@ -146,9 +146,13 @@ def _place(groups: list[list[int]], start: np.ndarray, end: np.ndarray, size: np
         else:
             best = 0
         offsets[j] = best
-        for i in blocks:
-            p_start[m], p_end[m], p_off[m], p_top[m] = start[i], end[i], best, best + sz
-            m += 1
+        at = int(np.searchsorted(p_off[:m], best, side="right"))
+        k = len(blocks)
+        for arr in (p_start, p_end, p_off, p_top):
+            arr[at + k:m + k] = arr[at:m].copy()
+        for q, i in enumerate(blocks):
+            p_start[at + q], p_end[at + q], p_off[at + q], p_top[at + q] = start[i], end[i], best, best + sz
+        m += k
     return offsets
 
 

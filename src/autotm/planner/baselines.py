@@ -63,8 +63,9 @@ def first_touch_plan(graph: TrainingGraph, budget: int, memory_system: str = "cp
     ws = _reserve(graph, workspace)
     _minimum(graph, budget, ws)
     reserve = max(sum(graph.tensors[t].nbytes for t in o) + int(w) for o, w in zip(_operands(graph), ws))
+    uses = _uses(graph)
     while True:
-        p = _first_touch(graph, budget, memory_system, reserve, keep_fast)
+        p = _first_touch(graph, budget, memory_system, reserve, keep_fast, uses)
         over = int((validate(p, graph, budget_bytes=2**62).fast_bytes + ws).max()) - budget
         if over <= 0:
             return p
@@ -73,9 +74,8 @@ def first_touch_plan(graph: TrainingGraph, budget: int, memory_system: str = "cp
         reserve = min(budget, reserve + over)
 
 
-def _first_touch(graph: TrainingGraph, budget: int, memory_system: str, reserve: int, keep_fast) -> Plan:
+def _first_touch(graph: TrainingGraph, budget: int, memory_system: str, reserve: int, keep_fast, uses) -> Plan:
     n = len(graph.kernels)
-    uses = _uses(graph)
     home_fast_bytes = np.zeros(n + 1, dtype=np.int64)  # bytes of fast-homed tensors live at each kernel
     initial: dict[int, str] = {}
     actions: dict[int, list[Action]] = {}

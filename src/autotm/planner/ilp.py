@@ -72,7 +72,7 @@ import numpy as np
 from ..costmodel import CostModel
 from ..graph import TrainingGraph
 from ..plan import Action, Plan, TensorPlan
-from .highs_worker import cheaper, request, run_isolated, set_start
+from .highs_worker import REFERENCE_SHARE, RINS_SHARE, cheaper, feasible, improve_start, model_arrays, request, run_isolated, set_start
 from .segments import TensorSegments, carried_pairs, tensor_segments
 
 # Capacity in KiB, as a running sum along the kernels (capacity_chain): the solver's
@@ -111,6 +111,7 @@ class ILPStats:
     objective: float = 0.0
     bound: float = float("nan")  # the solver's lower bound on the objective (seconds); nan: none
     families: dict = field(default_factory=dict)
+    start: np.ndarray | None = field(default=None, repr=False)  # the start found near a reference (_run)
 
 
 class _Vars:
@@ -357,8 +358,14 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                  window: int = 15, time_limit: float = 60.0, mip_gap: float = 0.01, min_tensor_bytes: int | None = None,
                  pinned: frozenset[int] = frozenset(), budget_extra: np.ndarray | None = None,
                  threads: int | None = None, warm_start: Plan | None = None, verbose: bool = False,
-                 candidates: int = 4, sync_candidates: int = 1) -> tuple[Plan, ILPStats]:
+                 candidates: int = 4, sync_candidates: int = 1,
+                 reference: Plan | None = None) -> tuple[Plan, ILPStats]:
     """Solve the AutoTM ILP for a staged memory system and decode the plan.
+
+    warm_start: a plan of this budget to start from. reference: a plan that may break
+    this budget (the one that fragmented, for the arena's re-solve): the solver first
+    searches its neighbourhood (highs_worker.rins) and starts from what it finds there if
+    that is cheaper than warm_start.
 
     window: async copies may overlap kernels up to this many positions from the move's
     natural place; candidates: of those, how many (the longest kernels) are offered.
@@ -550,7 +557,12 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     if x0 is not None and async_ and load_cols is not None:
         x0 = _overlap_greedily(x0, lp, seg_vars, cap_iv, rhs - x0[load_cols], (y, z), T, async_terms, shares,
                                cost.interference_share(), fill, wakes)
-    x = solve_model(h, highspy, lp, x0, constant_time, time_limit, stats)
+    x_ref = None
+    if reference is not None:
+        x_ref = _warm_start_vector(reference, V.n, seg_vars, start_slow, (y, z), T, async_terms, shares,
+                                   cost.interference_share(), pairs)
+        x_ref = fill(wakes.set(x_ref)) if x_ref is not None else None
+    x = solve_model(h, highspy, lp, x0, constant_time, time_limit, stats, reference=x_ref)
     if x is None:
         raise InfeasibleBudget(budget, need, f"kernel {need_k} ({graph.kernels[need_k].op})")
     plan = _decode(graph, cost, budget, formulation, x, segs, seg_vars, start_slow)
@@ -641,11 +653,13 @@ def highs_model(highspy, V: _Vars, R: _Rows, offset: float, *, time_limit: float
     return h, lp
 
 
-def solve_model(h, highspy, lp, x0, constant: float, time_limit: float, stats: ILPStats):
-    """Run HiGHS (from the warm start x0 if given) and fill stats: status, objective (the
-    returned solution's own value) and gap. Returns the solution, or None when the model
-    is infeasible; TimeoutError when the time limit passed before any solution."""
-    x, info, status = _run(h, highspy, lp, x0, time_limit, stats)
+def solve_model(h, highspy, lp, x0, constant: float, time_limit: float, stats: ILPStats, reference=None):
+    """Run HiGHS (from the warm start x0 if given, or a better one found near `reference`,
+    a point that may break rows: _run) and fill stats: status, objective (the returned
+    solution's own value) and gap. Returns the solution, or None when the model is
+    infeasible; TimeoutError when the time limit passed before any solution."""
+    x, info, status = _run(h, highspy, lp, x0, time_limit, stats, reference)
+    x0 = stats.start if stats.start is not None else x0
     obj_x = float(lp.col_cost_ @ x + constant) if x is not None else np.nan
     def lower(reported: float) -> bool:
         return reported < obj_x - 1e-9 * max(1.0, abs(obj_x))
@@ -711,19 +725,15 @@ def _best_continuous(highspy, lp, x: np.ndarray) -> np.ndarray:
 
 def _feasible(lp, x: np.ndarray, tol: float = 1e-6) -> bool:
     """Does x satisfy the bounds and rows of lp (row-wise arrays) and integrality?"""
-    x = np.asarray(x, dtype=float)
-    start = np.asarray(lp.a_matrix_.start_)
-    rows = np.repeat(np.arange(lp.num_row_), np.diff(start))
-    act = np.bincount(rows, weights=np.asarray(lp.a_matrix_.value_) * x[np.asarray(lp.a_matrix_.index_)],
-                      minlength=lp.num_row_)
-    ints = np.asarray([int(v) != 0 for v in lp.integrality_]) if len(lp.integrality_) else np.zeros(len(x), bool)
-    return bool(np.all(act >= np.asarray(lp.row_lower_) - tol) and np.all(act <= np.asarray(lp.row_upper_) + tol)
-                and np.all(x >= np.asarray(lp.col_lower_) - tol) and np.all(x <= np.asarray(lp.col_upper_) + tol)
-                and np.all(np.abs(x[ints] - np.round(x[ints])) <= tol))
+    return feasible(model_arrays(lp), x, tol)
 
 
-def _run(h, highspy, lp, x0, time_limit, stats):
+def _run(h, highspy, lp, x0, time_limit, stats, reference=None):
     """Solve (from x0 if given); return (solution or None, info, model status).
+
+    With a reference point (which may break rows), a share REFERENCE_SHARE of the time limit
+    first searches its neighbourhood (highs_worker.improve_start), and the solver starts
+    from what it finds if cheaper than x0 (stats.start: the start used).
 
     The solution is the best, by our own costs, of getSolution() and every improving
     solution the solver reported while it ran (its callback): at a time limit HiGHS 1.16
@@ -734,10 +744,15 @@ def _run(h, highspy, lp, x0, time_limit, stats):
     n_int = sum(1 for v in lp.integrality_ if int(v) != 0)
     if n_int >= ISOLATE_MIN_INTEGERS and math.isfinite(time_limit):
         try:
-            return run_isolated(highspy, request(h, lp, x0), time_limit + isolate_grace(time_limit),
+            return run_isolated(highspy, request(h, lp, x0, REFERENCE_SHARE if reference is not None else RINS_SHARE,
+                                                 reference), time_limit + isolate_grace(time_limit),
                                 verbose=bool(h.getOptionValue("output_flag")[1]))
         finally:
             stats.solve_seconds += time.perf_counter() - t
+    if reference is not None:
+        x0 = improve_start(highspy, request(h, lp, x0, reference=reference), REFERENCE_SHARE * time_limit)
+        stats.start = x0
+        h.setOptionValue("time_limit", max(0.1, time_limit - (time.perf_counter() - t)))
     if x0 is not None:
         set_start(highspy, h, x0)
     best: list = [np.inf, None]
