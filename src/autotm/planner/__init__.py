@@ -29,7 +29,8 @@ FORMULATIONS = ("static", "synchronous", "asynchronous")
 BASELINES = ("all-fast", "first-touch", "lru", "all-slow")
 PINNED_ROLES = (Role.WEIGHT, Role.BUFFER, Role.OPTIMIZER_STATE, Role.INPUT, Role.SCALAR, Role.CONSTANT, Role.OUTPUT)
 
-RESOLVE_SHARE = 0.4  # the least share of time_limit an arena re-solve has
+RESOLVE_SHARE = 0.4  # the least share of time_limit an arena re-solve has (the first solve leaves it)
+POLISH_SHARE = 0.2  # the least share left after a plan that fits for one more solve from it
 
 __all__ = ["plan", "laid_out", "FORMULATIONS", "BASELINES", "InfeasibleBudget"]
 
@@ -58,7 +59,9 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
             to fragmentation (the worst seen; and 1 % of the budget more; the original
             cut by the overshoot: defrag_cut), up to `defrag_retries` times (the
             original's defrag step); each re-solve starts its search near the plan that
-            did not fit. If it still does not
+            did not fit. The ILP's first solve has 60 % of time_limit; once a plan
+            fits, what is left (if 20 % or more) goes to one more solve from it for the
+            same budget, kept if it fits and is faster (meta["polish"]). If it still does not
             fit, the plan with the smallest arena is returned with meta["arena_fits"]
             False and a warning in meta["warning"]: the plan itself is valid for the
             budget, only its static layout is larger (the executor then runs it on the
@@ -124,13 +127,21 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
     attempts: list[Plan] = []
     cut = 0  # bytes taken off the budget so that the arena fits
     worst = (0, 1)  # (arena bytes, peak bytes) of the most fragmented layout seen
-    for retry in range(defrag_retries + 1 if arena and limit is not None else 1):
-        if retry:
-            # the re-solves share the call's time limit: what the first left, but at least
+    # the staged ILP can resume from a plan (the reference of _solve): its first solve
+    # leaves time for a re-solve, or, when the arena fits, for one more from that plan
+    resumable = (formulation in ("synchronous", "asynchronous") and not direct and arena and limit is not None
+                 and opts["warm_start"])
+    polished = False
+    resolves = 0
+    while True:
+        if attempts:
+            # the re-solves share the call's time limit: what is left, but at least
             # RESOLVE_SHARE of it each (re-solving with the full limit each time made
             # densenet264 cpu 8:1's 30 s plan take 189 s, and the demo's asynchronous 8 s
             # plan 17 s)
             opts["time_limit"] = max(time_limit - (time.perf_counter() - t0), time_limit * RESOLVE_SHARE)
+        elif resumable:
+            opts["time_limit"] = time_limit * (1 - RESOLVE_SHARE)
         try:
             p, meta = _solve(graph, cost_model, formulation, budget_bytes - cut, validation_budget - cut, **opts,
                              previous=attempts[-1] if attempts else None)
@@ -139,9 +150,17 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
                 raise
             attempts[-1].meta["warning"] = (f"a budget {cut:,} bytes lower, to fit the arena, is infeasible")
             break
-        p = described(p, meta, cut, retry)
+        p = described(p, meta, cut, resolves)
+        p.meta["polish"] = polished
         attempts.append(p)
+        if polished:  # (the plan it started from fits)
+            break
         if p.meta.get("arena_fits", True):  # (always without a budget: all-fast, all-slow)
+            if resumable and time_limit - (time.perf_counter() - t0) >= POLISH_SHARE * time_limit:
+                polished = True  # what is left of the limit: from this plan, for the same budget
+                continue
+            break
+        if resolves >= defrag_retries:
             break
         # the arena does not fit: plan again for less, as if the next plan fragments like
         # the worst seen (fragmentation varies by several per cent from plan to plan and
@@ -152,6 +171,7 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
         if next_cut >= budget_bytes:
             break
         cut = next_cut
+        resolves += 1
     fitting = [a for a in attempts if a.meta.get("arena_fits", True)]
     p = (min(fitting, key=lambda a: a.meta["predicted_seconds"]) if fitting
          else min(attempts, key=lambda a: a.arena_bytes))
@@ -160,9 +180,11 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
     if arena:  # each attempt: (budget solved for, arena bytes, fragmentation, predicted seconds)
         p.meta["defrag_history"] = [(a.meta["solver_budget_bytes"], a.arena_bytes, a.meta["fragmentation"],
                                      a.meta["predicted_seconds"]) for a in attempts]
-    if attempts[0].meta.get("bound_seconds") is not None:
+    bounds = [a.meta["bound_seconds"] for a in attempts
+              if a.meta["solver_budget_bytes"] == budget_bytes and a.meta.get("bound_seconds") is not None]
+    if bounds:
         # the solver's bound at the requested budget (a re-solve's, for less, is no bound here)
-        p.meta["bound_seconds"] = bound = attempts[0].meta["bound_seconds"]
+        p.meta["bound_seconds"] = bound = max(bounds)
         if p is not attempts[0]:  # the gap, too, is to that bound: what fitting the arena cost included
             t = p.meta["predicted_seconds"]
             p.meta["gap"] = max(0.0, (t - bound) / t)
