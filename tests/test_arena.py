@@ -194,8 +194,8 @@ def test_plan_re_solves_for_less_when_the_arena_does_not_fit():
 def test_a_re_solve_starts_near_the_plan_that_did_not_fit_within_the_same_time_limit(monkeypatch):
     """The re-solve is given the plan that fragmented as its reference point and what is
     left of the call's time limit (at least RESOLVE_SHARE of it), not a fresh limit; the
-    first solve leaves that share; a plan that fits gets one more solve from it, for the
-    same budget, with what is left."""
+    first solve leaves that share; a plan that fits at the gap asked for is not solved
+    again (one that fits short of it gets what is left, from it, for the same budget)."""
     import autotm.planner as planner
 
     sizes = [3072, 8192, 8192, 1024, 8192, 1024, 5120, 7168, 6144]
@@ -213,13 +213,13 @@ def test_a_re_solve_starts_near_the_plan_that_did_not_fit_within_the_same_time_l
     limit = 20.0
     p = plan(g, cm, 20186, "synchronous", mip_gap=1e-6, time_limit=limit)
     history = p.meta["defrag_history"]
-    assert len(calls) == len(history) >= 3
+    assert len(calls) == len(history) >= 2
     assert calls[0] == (pytest.approx((1 - planner.RESOLVE_SHARE) * limit), None)
     for (t, previous), before in zip(calls[1:], history):
         assert planner.RESOLVE_SHARE * limit <= t < limit
         assert previous is not None and previous.meta["solver_budget_bytes"] == before[0]
-    # the last solve is the one from the first plan that fitted, for its budget
-    assert history[-1][0] == history[-2][0] and history[-2][1] <= 20186 < history[0][1]
+    assert p.meta["status"] == "Optimal" and not p.meta["polish"]  # (its gap: to the bound at the budget asked)
+    assert history[-1][1] <= 20186 < min(h[1] for h in history[:-1])
     assert "previous attempt" in p.meta["searched_near"]
     assert p.meta["arena_fits"] and validate(p, g).peak_fast_bytes <= p.meta["solver_budget_bytes"]
 

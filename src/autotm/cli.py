@@ -113,7 +113,8 @@ def _plan_options(window, time_limit, mip_gap, pin_params):
 
 
 WINDOW_OPT = typer.Option(15, "--window", help="Async moves may overlap kernels this many positions away.")
-TIME_OPT = typer.Option(60.0, "--time-limit", help="Solver time limit in seconds.")
+TIME_OPT = typer.Option(60.0, "--time-limit",
+                        help="Solver time limit in seconds for the whole plan, the arena's re-solves included.")
 GAP_OPT = typer.Option(0.01, "--mip-gap", help="Relative optimality gap at which the solver stops.")
 PIN_OPT = typer.Option(False, "--pin-params", help="Keep weights, optimizer state and I/O fast, outside the budget (the paper's accounting).")
 

@@ -60,8 +60,8 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
             cut by the overshoot: defrag_cut), up to `defrag_retries` times (the
             original's defrag step); each re-solve starts its search near the plan that
             did not fit. The ILP's first solve has 60 % of time_limit; once a plan
-            fits, what is left (if 20 % or more) goes to one more solve from it for the
-            same budget, kept if it fits and is faster (meta["polish"]). If it still does not
+            fits short of the gap, what is left (if 20 % or more) goes to one more solve
+            from it for the same budget, kept if it fits and is faster (meta["polish"]). If it still does not
             fit, the plan with the smallest arena is returned with meta["arena_fits"]
             False and a warning in meta["warning"]: the plan itself is valid for the
             budget, only its static layout is larger (the executor then runs it on the
@@ -156,7 +156,8 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
         if polished:  # (the plan it started from fits)
             break
         if p.meta.get("arena_fits", True):  # (always without a budget: all-fast, all-slow)
-            if resumable and time_limit - (time.perf_counter() - t0) >= POLISH_SHARE * time_limit:
+            if (resumable and (p.meta.get("gap") or 0.0) > mip_gap
+                    and time_limit - (time.perf_counter() - t0) >= POLISH_SHARE * time_limit):
                 polished = True  # what is left of the limit: from this plan, for the same budget
                 continue
             break
