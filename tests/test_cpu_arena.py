@@ -169,3 +169,22 @@ def test_arena_and_arena_like_memory_start_on_a_huge_page(arena, tmp_path):
         back = ms.to_fast(h, into=dst)
         assert back.data_ptr() == dst.data_ptr() and torch.equal(back, src)
         ms.free_slow(h)
+
+
+def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_load():
+    """torch waits forever on the lock file of a build that was killed mid-way; the loader
+    removes it under its own flock (which dies with its holder)."""
+    import subprocess
+    import sys
+
+    from torch.utils.cpp_extension import _get_build_directory
+
+    if cpu_arena.load() is None:
+        pytest.skip(f"no C++ toolchain here: {cpu_arena.load.reason}")
+    lock = Path(_get_build_directory("autotm_cpu_arena", False)) / "lock"
+    lock.touch()  # what a build killed with SIGTERM or SIGKILL leaves
+    r = subprocess.run([sys.executable, "-c", "from autotm.tiers import cpu_arena; "
+                        "assert cpu_arena.load() is not None, cpu_arena.load.reason"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "stale build lock" in r.stderr and not lock.exists()

@@ -22,6 +22,7 @@ why).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import mmap
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 HUGE_PAGE = 2 << 20  # the arena starts on one and asks for transparent huge pages (cpu_arena.cpp)
 
 _SOURCE = Path(__file__).with_name("cpu_arena.cpp")
+_NAME = "autotm_cpu_arena"
 _ENV_OFF = "AUTOTM_CPU_ARENA"  # "0": never use the arena allocator
 
 
@@ -65,10 +67,11 @@ class _Loader:
 
             _ninja_on_path()
 
-            m = load_inline("autotm_cpu_arena", cpp_sources=_SOURCE.read_text(),
-                            functions=["install", "is_installed", "create", "expect", "allocations", "take",
-                                       "offset_of", "stats", "retire", "watch", "watched_bytes"],
-                            extra_cflags=["-O2"], verbose=False)
+            with _build_lock(_NAME):
+                m = load_inline(_NAME, cpp_sources=_SOURCE.read_text(),
+                                functions=["install", "is_installed", "create", "expect", "allocations", "take",
+                                           "offset_of", "stats", "retire", "watch", "watched_bytes"],
+                                extra_cflags=["-O2"], verbose=False)
             m.install()
             if not m.is_installed():
                 raise RuntimeError("another CPU allocator of higher priority is installed")
@@ -78,6 +81,33 @@ class _Loader:
             log.warning("autotm: the CPU arena allocator is unavailable (%s); the executor falls back to "
                         "glibc's heap and trims it to hold RSS near the budget", self.reason)
         return self.module
+
+
+@contextlib.contextmanager
+def _build_lock(name: str):
+    """Hold an flock (released by the kernel however the holder dies) while torch builds or
+    loads the extension, and under it remove torch's own lock file if one is there: torch
+    waits forever on a lock file that a build killed mid-way left behind (a CI run stopped
+    during `make install` hung the next one's build for 15 minutes)."""
+    import fcntl
+
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        build_dir = _get_build_directory(name, False)
+    except Exception:  # (a private function: without it, torch's own locking alone)
+        yield
+        return
+    with open(build_dir.rstrip(os.sep) + ".autotm-lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            stale = os.path.join(build_dir, "lock")
+            if os.path.exists(stale):  # no autotm build runs but ours: nobody holds it
+                log.warning("autotm: removing a stale build lock left by an interrupted build: %s", stale)
+                os.remove(stale)
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _ninja_on_path() -> None:
