@@ -59,10 +59,10 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
             to fragmentation (the worst seen; and 1 % of the budget more; the original
             cut by the overshoot: defrag_cut), up to `defrag_retries` times (the
             original's defrag step); each re-solve starts its search near the plan that
-            did not fit. The ILP's first solve has 60 % of time_limit; once a plan
-            fits short of the gap, what is left (if 20 % or more) goes to one more solve
-            from it for the same budget, kept if it fits and is faster (meta["polish"]). If it still does not
-            fit, the plan with the smallest arena is returned with meta["arena_fits"]
+            did not fit. The ILP's first solve has 60 % of time_limit; once a plan fits
+            short of the gap, what is left (if 20 % or more) goes to one more solve from
+            it for the same budget, kept if it fits and is faster (meta["polish"]). If
+            no plan fits, the one with the smallest arena is returned with meta["arena_fits"]
             False and a warning in meta["warning"]: the plan itself is valid for the
             budget, only its static layout is larger (the executor then runs it on the
             heap, trimmed to the budget). meta["defrag_history"] lists the attempts.
@@ -234,11 +234,12 @@ def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, w
            previous: Plan | None = None) -> tuple[Plan, dict]:
     """One plan for one budget, without meta on time or bytes (plan() adds those).
 
-    previous: the plan for a higher budget whose arena did not fit (plan()'s re-solve).
-    The staged ILP searches its neighbourhood first (ilp.solve_staged's reference): the
-    plan that fits is mostly the same plan with a few more moves, and from the baseline
-    alone, with the re-solve's share of the time, the demo's asynchronous re-solve came
-    back at 0.438 s instead of 0.340 s."""
+    previous: the plan of the attempt before (plan(): for a higher budget, whose arena did
+    not fit; or for this budget, which fitted short of the gap). The staged ILP searches
+    its neighbourhood first (ilp.solve_staged's reference): the plan that fits is mostly
+    the same plan with a few more moves, and from the baseline alone, with the re-solve's
+    share of the time, the demo's asynchronous re-solve came back at 0.438 s instead of
+    0.340 s."""
     ms = cost_model.memory_system
     direct = cost_model.access == "direct"
     meta: dict = {}
@@ -322,8 +323,8 @@ def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, w
             # small tensors move too): a synchronous plan, which is an asynchronous one, with
             # the whole limit, from the synchronous plan or baseline (so that there is one)
             p, stats = solve(graph, cost_model, budget_bytes, formulation="synchronous",
-                             **dict({k: v for k, v in ilp.items() if k != "reference"}, time_limit=time_limit), verbose=verbose,
-                             warm_start=sync_start[0] if sync_start else None)
+                             **dict({k: v for k, v in ilp.items() if k != "reference"}, time_limit=time_limit),
+                             verbose=verbose, warm_start=sync_start[0] if sync_start else None)
             p = dataclasses.replace(p, planner=formulation)
             stats.bound = float("nan")  # (the synchronous model's bound is none for asynchronous plans)
             meta["fallback"] = "synchronous (no asynchronous plan found within the time limit)"
@@ -331,7 +332,7 @@ def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, w
         meta.update(_stats_meta(stats), window=window,
                     warm_start=start[1] if start else None)
         if reference is not None:
-            meta["searched_near"] = "the previous attempt's plan (for a higher budget)"
+            meta["searched_near"] = "the previous attempt's plan"
         if start is not None:
             # the solver keeps a feasible warm start as its incumbent; should it ever return
             # something slower (a start it could not use, then a time limit), keep the start

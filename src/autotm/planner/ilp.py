@@ -627,6 +627,11 @@ def highs_model(highspy, V: _Vars, R: _Rows, offset: float, *, time_limit: float
     h.setOptionValue("mip_rel_gap", float(mip_gap))
     h.setOptionValue("primal_feasibility_tolerance", FEASIBILITY_TOL)
     h.setOptionValue("mip_feasibility_tolerance", FEASIBILITY_TOL)
+    # no restart of the tree search (a second presolve): HiGHS 1.16's, in
+    # HPresolve::strengthenInequalities, ran 20 minutes past a 20 s limit on a 231-binary
+    # model of a property test without reading its clock. (A model solved in the worker
+    # process, ISOLATE_MIN_INTEGERS, keeps restarts: a hang there is killed at the limit.)
+    h.setOptionValue("mip_allow_restart", False)
     if threads:
         h.setOptionValue("threads", int(threads))
     lp = highspy.HighsLp()
@@ -750,7 +755,9 @@ def _run(h, highspy, lp, x0, time_limit, stats, reference=None):
         finally:
             stats.solve_seconds += time.perf_counter() - t
     if reference is not None:
-        x0 = improve_start(highspy, request(h, lp, x0, reference=reference), REFERENCE_SHARE * time_limit)
+        req = request(h, lp, x0, reference=reference)
+        req["options"]["mip_allow_restart"] = False  # (in this process: as highs_model's)
+        x0 = improve_start(highspy, req, REFERENCE_SHARE * time_limit)
         stats.start = x0
         h.setOptionValue("time_limit", max(0.1, time_limit - (time.perf_counter() - t)))
     if x0 is not None:
