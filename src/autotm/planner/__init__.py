@@ -29,7 +29,7 @@ FORMULATIONS = ("static", "synchronous", "asynchronous")
 BASELINES = ("all-fast", "first-touch", "lru", "all-slow")
 PINNED_ROLES = (Role.WEIGHT, Role.BUFFER, Role.OPTIMIZER_STATE, Role.INPUT, Role.SCALAR, Role.CONSTANT, Role.OUTPUT)
 
-RESOLVE_SHARE = 0.4  # the least share of time_limit an arena re-solve has (the first solve leaves it)
+RESOLVE_SHARE = 0.5  # the least share of time_limit an arena re-solve has (the first solve leaves it)
 POLISH_SHARE = 0.2  # the least share left after a plan that fits for one more solve from it
 
 __all__ = ["plan", "laid_out", "FORMULATIONS", "BASELINES", "InfeasibleBudget"]
@@ -49,7 +49,7 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
         window: async moves may overlap kernels up to this many positions from the use.
         time_limit, mip_gap: solver limits; on a time limit the best plan found is
             returned with its gap in plan.meta["gap"]. The arena's re-solves (below)
-            share the limit: each has what is left of it, or RESOLVE_SHARE (40 %) of it
+            share the limit: each has what is left of it, or RESOLVE_SHARE (50 %) of it
             if more. meta["solve_seconds"] is the solver's time over all of them.
         pin_params: keep weights, optimizer state, buffers, the batch and the loss in
             fast memory outside the budget (the original AutoTM's accounting).
@@ -59,7 +59,7 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
             to fragmentation (the worst seen; and 1 % of the budget more; the original
             cut by the overshoot: defrag_cut), up to `defrag_retries` times (the
             original's defrag step); each re-solve starts its search near the plan that
-            did not fit. The ILP's first solve has 60 % of time_limit; once a plan fits
+            did not fit. The ILP's first solve has half of time_limit; once a plan fits
             short of the gap, what is left (if 20 % or more) goes to one more solve from
             it for the same budget, kept if it fits and is faster (meta["polish"]). If
             no plan fits, the one with the smallest arena is returned with meta["arena_fits"]
