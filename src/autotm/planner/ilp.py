@@ -72,7 +72,8 @@ import numpy as np
 from ..costmodel import CostModel
 from ..graph import TrainingGraph
 from ..plan import Action, Plan, TensorPlan
-from .highs_worker import REFERENCE_SHARE, RINS_SHARE, cheaper, feasible, improve_start, model_arrays, request, run_isolated, set_start
+from .highs_worker import (REFERENCE_SHARE, RINS_SHARE, cheaper, feasible, improve_start, model_arrays, request,
+                           run_isolated, set_start)
 from .segments import TensorSegments, carried_pairs, tensor_segments
 
 # Capacity in KiB, as a running sum along the kernels (capacity_chain): the solver's
@@ -551,18 +552,15 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     stats.rows, stats.nonzeros = Rw.n, len(lp.a_matrix_.value_)
     stats.build_seconds = time.perf_counter() - t_build
 
-    x0 = (_warm_start_vector(warm_start, V.n, seg_vars, start_slow, (y, z), T, async_terms,
-                             shares, cost.interference_share(), pairs) if warm_start else None)
-    x0 = fill(wakes.set(x0)) if x0 is not None else None
+    def encoded(p: Plan | None):  # the plan as a full assignment of the columns, or None
+        v = (_warm_start_vector(p, V.n, seg_vars, start_slow, (y, z), T, async_terms, shares,
+                                cost.interference_share(), pairs) if p is not None else None)
+        return fill(wakes.set(v)) if v is not None else None
+    x0 = encoded(warm_start)
     if x0 is not None and async_ and load_cols is not None:
         x0 = _overlap_greedily(x0, lp, seg_vars, cap_iv, rhs - x0[load_cols], (y, z), T, async_terms, shares,
                                cost.interference_share(), fill, wakes)
-    x_ref = None
-    if reference is not None:
-        x_ref = _warm_start_vector(reference, V.n, seg_vars, start_slow, (y, z), T, async_terms, shares,
-                                   cost.interference_share(), pairs)
-        x_ref = fill(wakes.set(x_ref)) if x_ref is not None else None
-    x = solve_model(h, highspy, lp, x0, constant_time, time_limit, stats, reference=x_ref)
+    x = solve_model(h, highspy, lp, x0, constant_time, time_limit, stats, reference=encoded(reference))
     if x is None:
         raise InfeasibleBudget(budget, need, f"kernel {need_k} ({graph.kernels[need_k].op})")
     plan = _decode(graph, cost, budget, formulation, x, segs, seg_vars, start_slow)
