@@ -158,6 +158,11 @@ def test_async_error_is_reraised_by_wait(tmp_path):
             p.wait()
         with pytest.raises(TierError, match="moves CPU tensors|strided"):
             ms.start_to_slow(1, torch.zeros(3).to_sparse()).wait()
+        # a tensor found unmovable once its write is queued: the write ends, its extent is freed
+        lazy = torch.ones(4096, dtype=torch.complex64).conj()
+        with pytest.raises(TierError, match="conjugate"):
+            ms.start_to_slow(2, lazy).wait()
+        assert ms.slow_bytes_in_use() == 0
 
 
 def test_closed_system(tmp_path):
@@ -284,6 +289,21 @@ def test_async_engines_many_moves_in_flight(tmp_path, engine):
         for h in hs:
             ms.free_slow(h)
         assert ms.slow_bytes_in_use() == 0
+
+
+@pytest.mark.parametrize("engine", ["aio", "thread"])
+def test_async_read_of_a_truncated_slow_file_is_a_clear_error(tmp_path, engine):
+    """A short asynchronous read (the file cut under the tier) is finished as a plain read,
+    which says why it stops; a copy written after the cut still comes back bit for bit."""
+    with FileMemorySystem(str(tmp_path), async_io=engine) as ms:
+        a = random_bits((3 * PAGE + 5,), torch.uint8)
+        ha = ms.start_to_slow(0, a[5:]).wait()
+        os.ftruncate(ms.fileno(), ha.location.offset + PAGE)  # the copy's last pages are gone
+        with pytest.raises(TierError, match="shorter than expected"):
+            ms.start_to_fast(ha).wait()
+        b = random_bits((2 * PAGE,), torch.uint8)
+        hb = ms.start_to_slow(1, b).wait()
+        assert_same(ms.start_to_fast(hb).wait(), b)
 
 
 def test_aio_context_reads_what_it_wrote(tmp_path):
