@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import gc
 import mmap
 import os
 import shutil
@@ -291,19 +292,22 @@ def test_async_engines_many_moves_in_flight(tmp_path, engine):
         assert ms.slow_bytes_in_use() == 0
 
 
+@pytest.mark.parametrize("pages", [3, 80])  # under and over SMALL_READ_BYTES
 @pytest.mark.parametrize("engine", ["aio", "thread"])
-def test_async_read_of_a_truncated_slow_file_is_a_clear_error(tmp_path, engine):
+def test_async_read_of_a_truncated_slow_file_is_a_clear_error(tmp_path, engine, pages):
     """A short asynchronous read (the file cut under the tier) is finished as a plain read,
     which says why it stops; a copy written after the cut still comes back bit for bit."""
     with FileMemorySystem(str(tmp_path), async_io=engine) as ms:
-        a = random_bits((3 * PAGE + 5,), torch.uint8)
+        a = random_bits((pages * PAGE + 5,), torch.uint8)
         ha = ms.start_to_slow(0, a[5:]).wait()
         os.ftruncate(ms.fileno(), ha.location.offset + PAGE)  # the copy's last pages are gone
         with pytest.raises(TierError, match="shorter than expected"):
             ms.start_to_fast(ha).wait()
-        b = random_bits((2 * PAGE,), torch.uint8)
+        gc.collect()
+        b = random_bits((pages * PAGE,), torch.uint8)
         hb = ms.start_to_slow(1, b).wait()
         assert_same(ms.start_to_fast(hb).wait(), b)
+        assert_same(ms.start_to_fast(hb).wait(), b)  # the failed read's buffer, recycled
 
 
 def test_aio_context_reads_what_it_wrote(tmp_path):
