@@ -188,3 +188,26 @@ def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_load():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "stale build lock" in r.stderr and not lock.exists()
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def test_trim_gives_back_whole_free_huge_pages_from_the_top_and_keeps_live_blocks(arena):
+    # 16 MiB: a live block at [6 MiB, 7 MiB), the rest touched and free
+    rest = arena.take(0, 16 * MIB)
+    rest.fill_(1)
+    del rest
+    live = arena.take(6 * MIB, MIB)
+    live.fill_(7)
+    before = _rss()
+    # at least 3 MiB: two huge pages from the top, [12, 16) MiB
+    assert arena.trim(3 * MIB) == 4 * MIB
+    assert before - _rss() >= 3 * MIB
+    # all: [0, 6) and [8, 16) MiB (the top again); the huge page [6, 8) holds the live block
+    assert arena.trim() == 14 * MIB
+    assert bool((live == 7).all())
+    again = arena.take(0, 4 * MIB)  # trimmed pages come back zeroed
+    assert int(again.max()) == 0

@@ -40,3 +40,19 @@ def test_peak_rss_is_within_budget_plus_fixed_overhead(bench, case, below_all_fa
         # the bound is meaningful: holding the all-fast peak would break it
         assert d["all_fast_peak"] > bound - d["baseline_rss"] + 64 * MIB
         assert d["all_fast_peak"] + d["baseline_rss"] > bound
+
+
+def test_a_layout_larger_than_the_budget_is_followed_and_trimmed_to_the_bound(bench):
+    """A layout over the budget (one the planner could not fit), here by more than the
+    slack: the executor follows it and gives the arena's free huge pages back as RSS nears
+    the bound, which holds."""
+    from autotm.tiers import cpu_arena
+
+    if cpu_arena.load() is None:
+        pytest.skip(f"no C++ toolchain here: {cpu_arena.load.reason}")
+    d = bench.run_case("resnet50:16x128:evict-sync+arena-over", iterations=2)
+    arena = d["arena"]
+    assert arena is not None and arena["over_budget"] and arena["arena_bytes"] > d["budget"] + bench.SLACK_BYTES
+    assert arena["trimmed_bytes"] > 0
+    assert d["peak_rss"] <= d["budget"] + d["baseline_rss"] + bench.SLACK_BYTES
+    assert d["peak_fast_bytes"] <= d["budget"]

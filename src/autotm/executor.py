@@ -31,7 +31,9 @@ kernel's outputs allocated at their offsets, prefetches read straight into their
 graph inputs copied into theirs, large temporaries of a kernel put in the arena's free
 pages when they fit. RSS then holds the arena plus what misses it, and the heap is
 trimmed only when that passes the same bound (measured on resnet50 at the cpu preset,
-4:1: ~10 trims and 0.3 M page faults per iteration instead of ~60 and 1 M).
+4:1: ~10 trims and 0.3 M page faults per iteration instead of ~60 and 1 M). A layout
+larger than the budget (one the planner could not fit) is followed too, and when RSS
+passes the bound the arena's whole free huge pages are given back with the heap's.
 """
 
 from __future__ import annotations
@@ -412,6 +414,8 @@ class Executor(Replay):
         self.arena: cpu_arena.CpuArena | None = None
         self._arena_bytes = 0  # > 0: the layout is followed (the arena is mapped on first use)
         self._arena_stats: dict | None = None
+        self._arena_over = False  # the plan's layout is larger than the budget (_open_arena)
+        self._arena_trimmed = 0  # bytes of its free pages given back (_trim)
         self._rss_floor: int | None = None  # with an arena: RSS without the iteration's tensors
 
         self._expect: list[list[tuple[int, int, int]]] | None = None  # per kernel: (bytes, offset, skip) of its outputs
@@ -423,12 +427,17 @@ class Executor(Replay):
         self._reset_iteration()
 
     def _open_arena(self) -> None:
-        """Follow the plan's static layout (tiers/cpu_arena.py) when it has one within the
+        """Follow the plan's static layout (tiers/cpu_arena.py) when it has one and a
         budget, the fast tier is this process's memory, and the allocator can be built."""
         p = self.plan
         if (not self.trim_memory or self.device is not None or p.arena_bytes is None or self.budget is None
-                or not 0 < p.arena_bytes <= self.budget or cpu_arena.load() is None):
+                or not 0 < p.arena_bytes or cpu_arena.load() is None):
             return
+        # A layout larger than the budget (the planner could not fit one: meta["arena_fits"]
+        # False) is followed too: its free huge pages are given back when RSS nears its
+        # bound, as the heap is trimmed (inception_v4 cpu 8:1, arena 31 % over the budget:
+        # on glibc's heap, trimmed, 6.85 s per iteration for 4.92 predicted)
+        self._arena_over = p.arena_bytes > self.budget
         blocks: dict[int, list[tuple[int, int]]] = {}
         for b in self.validation.fast_blocks:
             blocks.setdefault(b.tensor, []).append((b.start, b.end))
@@ -457,7 +466,8 @@ class Executor(Replay):
                 if o is not None:
                     self._expect[k].append((nb, o, 0))
                     self._out_at[(tid, k)] = o
-                    self.incoming[k] -= nb  # lands in the arena's resident pages: no new RSS
+                    if not self._arena_over:  # lands in the arena's resident pages: no new RSS
+                        self.incoming[k] -= nb
         reads = hasattr(self.memory, "read_span")
         for tp in p.tensors:
             for a in tp.actions:
@@ -465,7 +475,8 @@ class Executor(Replay):
                     o = offset_at(tp.id, *((2 * a.at, 2 * a.at + 1) if a.mode == "sync" else (2 * a.at + 1, 2 * a.at)))
                     if o is not None:
                         self._read_at[(tp.id, a.at)] = o
-                        self.incoming[a.at] -= self.nbytes[tp.id]
+                        if not self._arena_over:
+                            self.incoming[a.at] -= self.nbytes[tp.id]
             if tp.initial == "fast" and self.nbytes[tp.id] >= LARGE_BLOCK_BYTES:
                 o = offset_at(tp.id, 0)
                 if o is not None:
@@ -474,12 +485,22 @@ class Executor(Replay):
         if self._cache_ctl is not None:  # the arena holds the budget: read buffers only for misses
             self.cache_headroom = [max(0, int(self.budget - p.arena_bytes))] * n
 
+    def _trim(self, over=None) -> None:
+        """Give free memory back: glibc's heap, then free huge pages of an arena larger than
+        the budget, as many as `over()` (bytes over the RSS bound, after the heap's trim)
+        says, every one without it."""
+        trim_heap()
+        if self._arena_over and self.arena is not None:
+            need = 0 if over is None else over()
+            if over is None or need > 0:
+                self._arena_trimmed += self.arena.trim(need)
+
     def arena_meta(self) -> dict:
         """For a run report: whether the plan's layout was followed, and how well (the last
         iteration): outputs placed at their offset or passed to the heap, inputs copied in."""
         if self._arena_stats is None:
             why = (cpu_arena.load.reason if cpu_arena.load.tried and cpu_arena.load.reason
-                   else "no layout within the budget, or no CPU budget")
+                   else "no layout, or no CPU budget")
             return {"arena": None, "arena_unused_because": why}
         return {"arena": dict(self._arena_stats)}
 
@@ -792,7 +813,7 @@ class Executor(Replay):
                         inputs[tid] = v = placed
                         copied += self.nbytes[tid]
                         if copied > RSS_SLACK_BYTES and self._rss is not None:
-                            trim_heap()
+                            self._trim()
                             copied = 0
                 self._hold_fast(tid, v, 0)
         for tid, v in self.program.constants.items():
@@ -853,7 +874,7 @@ class Executor(Replay):
                     # (with an arena, kernels' temporaries and misplaced outputs grow the heap:
                     # look before every kernel)
                     if rss is not None and (incoming[k] or arena_on) and rss() + incoming[k] > rss_bound:
-                        trim_heap()
+                        self._trim(lambda: rss() + incoming[k] - rss_bound)
                     if has_moves[k]:
                         self.before_kernel(k)
                     elif cache_ctl is not None and cache_ctl[0]() > self.cache_headroom[k]:
@@ -895,7 +916,8 @@ class Executor(Replay):
                 self.slow = {t: h for t, h in self.slow.items() if t not in self._borrowed}
                 if arena_on:
                     _live, placed, passed, temps = self.arena.stats()
-                    self._arena_stats = dict(arena_bytes=self.arena.nbytes,
+                    self._arena_stats = dict(arena_bytes=self.arena.nbytes, over_budget=self._arena_over,
+                                             trimmed_bytes=self._arena_trimmed,
                                              outputs_placed=placed - counts0[1], passed=passed - counts0[2],
                                              temporaries_placed=temps - counts0[3], inputs_copied=self.arena_copies,
                                              outputs_copied_bytes=self.arena_settled_bytes,

@@ -64,8 +64,9 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
             it for the same budget, kept if it fits and is faster (meta["polish"]). If
             no plan fits, the one with the smallest arena is returned with meta["arena_fits"]
             False and a warning in meta["warning"]: the plan itself is valid for the
-            budget, only its static layout is larger (the executor then runs it on the
-            heap, trimmed to the budget). meta["defrag_history"] lists the attempts.
+            budget, only its static layout is larger (the executor follows it, giving the
+            arena's free huge pages back when the process's RSS nears budget + baseline +
+            slack, as it trims the heap). meta["defrag_history"] lists the attempts.
 
     The ILP formulations also give meta["bound_seconds"]: the solver's lower bound for the
     requested budget, under which no plan of the formulation is predicted to run.

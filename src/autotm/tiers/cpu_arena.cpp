@@ -8,6 +8,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -311,6 +312,33 @@ std::tuple<int64_t, int64_t, int64_t, int64_t> stats(int64_t id) {
   std::lock_guard<std::mutex> g(mu);
   Arena* a = find_locked(id);
   return {static_cast<int64_t>(a->live_bytes), placed, passed, temporaries_placed};
+}
+
+// Give whole huge pages of arena `id` that no live block touches back to the kernel
+// (MADV_DONTNEED: touched again, they come back zeroed), the highest first, until at least
+// `want` bytes (all of them if want <= 0); returns the bytes released. For an arena larger
+// than the budget, as glibc's heap is trimmed: its resident pages are what the layout
+// uses, and free ones go only when RSS nears its bound. Whole 2 MiB pages only: advice on
+// part of one would split it, and direct I/O from 4 KiB pages is slower.
+int64_t trim(int64_t id, int64_t want) {
+  std::lock_guard<std::mutex> g(mu);
+  Arena* a = find_locked(id);
+  std::vector<std::pair<size_t, size_t>> gaps;  // free [from, to), ascending
+  size_t cand = 0;
+  for (auto& b : a->live) {
+    if (b.first > cand) gaps.emplace_back(cand, b.first);
+    cand = std::max(cand, b.first + b.second);
+  }
+  if (a->size > cand) gaps.emplace_back(cand, a->size);
+  size_t released = 0;
+  for (auto it = gaps.rbegin(); it != gaps.rend(); ++it) {
+    if (want > 0 && released >= static_cast<size_t>(want)) break;
+    size_t s = (it->first + kHugePage - 1) / kHugePage * kHugePage, e = it->second / kHugePage * kHugePage;
+    if (want > 0 && e > s && e - s > static_cast<size_t>(want) - released)  // the top of the gap will do
+      s = std::max(s, e - (static_cast<size_t>(want) - released + kHugePage - 1) / kHugePage * kHugePage);
+    if (s < e && madvise(a->base + s, e - s, MADV_DONTNEED) == 0) released += e - s;
+  }
+  return static_cast<int64_t>(released);
 }
 
 // Start (true) or stop counting CPU allocations; starting resets the count and the peak.

@@ -70,7 +70,7 @@ class _Loader:
             with _build_lock(_NAME):
                 m = load_inline(_NAME, cpp_sources=_SOURCE.read_text(),
                                 functions=["install", "is_installed", "create", "expect", "allocations", "take",
-                                           "offset_of", "stats", "retire", "watch", "watched_bytes"],
+                                           "offset_of", "stats", "retire", "watch", "watched_bytes", "trim"],
                                 extra_cflags=["-O2"], verbose=False)
             m.install()
             if not m.is_installed():
@@ -185,6 +185,12 @@ class CpuArena:
         """(live bytes, allocations placed, allocations passed on while expecting,
         temporaries placed); the counts are for the process."""
         return tuple(self._m.stats(self.id))
+
+    def trim(self, nbytes: int = 0) -> int:
+        """Give back whole huge pages of the arena that no live block touches, the highest
+        first, until at least `nbytes` (all of them if 0); zeroed when touched again.
+        Returns the bytes released (pages not resident count too)."""
+        return int(self._m.trim(self.id, int(nbytes)))
 
     def close(self) -> None:
         if getattr(self, "id", None) is not None:
