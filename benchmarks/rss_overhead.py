@@ -89,8 +89,9 @@ def measure(case: str, iterations: int = 3) -> dict:
         budget = validate(plan, graph).peak_fast_bytes
         if arena:  # the planner's static layout, followed by the executor (tiers/cpu_arena.py)
             plan = with_arena(plan, graph, large_alignment=large_block_alignment("cpu+file"))
-            budget = budget if over else max(budget, plan.arena_bytes)
-            if over:  # the same layout SLACK_BYTES higher: its bottom is free pages (temporaries)
+            if not over:
+                budget = max(budget, plan.arena_bytes)
+            else:  # the same layout SLACK_BYTES higher: its bottom is free pages (temporaries)
                 plan = dataclasses.replace(plan, arena_bytes=plan.arena_bytes + SLACK_BYTES, tensors=tuple(
                     dataclasses.replace(tp, offsets=tuple(o + SLACK_BYTES for o in tp.offsets)) for tp in plan.tensors))
         all_fast_peak = validate(all_fast_plan(graph), graph).peak_fast_bytes

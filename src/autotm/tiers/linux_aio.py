@@ -62,6 +62,10 @@ class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
+def _timespec(seconds: float) -> _Timespec:
+    return _Timespec(int(seconds), int((seconds % 1) * 1e9))
+
+
 class AioContext:
     """One kernel AIO context with room for `depth` requests in flight. Thread-safe."""
 
@@ -94,7 +98,7 @@ class AioContext:
         self._events_at = ctypes.addressof(self._events)
         self._pointers = (ctypes.c_void_p * depth)()  # the iocb pointers handed to io_submit
         self._pointers_at = ctypes.addressof(self._pointers)
-        self._timeouts = {t: _Timespec(int(t), int((t % 1) * 1e9)) for t in (0.0, 0.1)}
+        self._timeouts = {t: _timespec(t) for t in (0.0, 0.1)}  # the ones every wait uses
         self._closed = False
 
     # ---- submission
@@ -150,7 +154,7 @@ class AioContext:
         """Collect completions (the lock is held). Returns how many."""
         ts = None
         if timeout is not None:
-            ts = self._timeouts.get(timeout) or _Timespec(int(timeout), int((timeout % 1) * 1e9))
+            ts = self._timeouts.get(timeout) or _timespec(timeout)
         r = self._io_getevents(self._getevents, self._ctx_id, min_nr, self.depth, self._events_at,
                                ctypes.addressof(ts) if ts is not None else None)
         now = time.perf_counter()
