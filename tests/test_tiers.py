@@ -354,6 +354,38 @@ def test_fast_read_buffers_are_recycled(tmp_path):
         ms.release_cached()
 
 
+def test_small_reads_share_pooled_buffers_that_release_cached_keeps(tmp_path):
+    """Small reads are copied out of one-size buffers from a bounded pool, which is the
+    tier's own working memory: not counted as cached fast bytes, kept by release_cached
+    (the executor calls it before every kernel that moves when the budget leaves no
+    headroom), given back by close."""
+    from autotm.tiers.file_tier import SMALL_BUFFER_BYTES, SMALL_POOL_BYTES, SMALL_READ_BYTES
+
+    with FileMemorySystem(str(tmp_path)) as ms:
+        cache = ms._cache
+        ts = [random_bits((n,), torch.uint8) for n in (100, 5000, 64 << 10, SMALL_READ_BYTES - 1)]
+        hs = [ms.to_slow(i, t) for i, t in enumerate(ts)]
+        for _ in range(2):
+            for h, t in zip(hs, ts):
+                for read in (lambda: ms.to_fast(h), lambda: ms.start_to_fast(h).wait()):
+                    assert_same(read(), t)
+                    ms.release_cached()
+                    # one pooled buffer serves every small read, sync or asynchronous
+                    assert len(cache._small) == 1 and ms.cached_fast_bytes() == 0
+        assert len(cache._small[0]) == SMALL_BUFFER_BYTES
+        # reads in flight at once take a buffer each; the idle ones kept are bounded
+        pend = [ms.start_to_fast(hs[i % len(hs)]) for i in range(2 * SMALL_POOL_BYTES // SMALL_BUFFER_BYTES)]
+        for i, p in enumerate(pend):
+            assert_same(p.wait(), ts[i % len(ts)])
+        assert len(cache._small) * SMALL_BUFFER_BYTES == SMALL_POOL_BYTES
+        # a storage of SMALL_READ_BYTES is read into a buffer of its own, not the pool's
+        big = random_bits((SMALL_READ_BYTES,), torch.uint8)
+        x = ms.to_fast(ms.to_slow(9, big))
+        assert_same(x, big)
+        del x
+        assert ms.cached_fast_bytes() > SMALL_READ_BYTES and len(cache._small) * SMALL_BUFFER_BYTES == SMALL_POOL_BYTES
+    assert cache._small == [] and cache.cached_bytes == 0
+
 @pytest.mark.parametrize("offset", [0, 64, 4000])
 def test_read_back_tensors_keep_their_page_offset(tmp_path, offset):
     """A read-back storage holds exactly the original bytes, at the original page offset

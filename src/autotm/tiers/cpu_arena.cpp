@@ -28,6 +28,16 @@ struct Arena {
   bool retired = false;
   std::map<size_t, size_t> live;  // offset -> length of the blocks handed out
   size_t live_bytes = 0;
+  // per huge page: given back by trim() and no block handed out over it since (so not
+  // resident: trimming it again would release nothing)
+  std::vector<uint8_t> released;
+
+  void add_block(size_t off, size_t len) {
+    live.emplace(off, len);
+    if (released.empty() || len == 0) return;
+    for (size_t i = off / kHugePage, e = (off + len - 1) / kHugePage; i <= e && i < released.size(); ++i)
+      released[i] = 0;
+  }
 
   bool holds(const void* p) const {
     auto c = static_cast<const char*>(p);
@@ -160,7 +170,7 @@ struct PlannedAllocator final : public c10::Allocator {
           }
           output_size = true;
           if (expecting->is_free(e.offset, n)) {
-            expecting->live.emplace(e.offset, n);
+            expecting->add_block(e.offset, n);
             expecting->live_bytes += n;
             ++placed;
             void* p = expecting->base + e.offset;
@@ -177,7 +187,7 @@ struct PlannedAllocator final : public c10::Allocator {
           for (auto& e : expected) reserved.emplace_back(e.offset, e.offset + e.nbytes);
           size_t off = expecting->first_fit(n, reserved);
           if (off != SIZE_MAX) {
-            expecting->live.emplace(off, n);
+            expecting->add_block(off, n);
             expecting->live_bytes += n;
             ++temporaries_placed;
             void* p = expecting->base + off;
@@ -290,7 +300,7 @@ at::Tensor take(int64_t id, int64_t offset, int64_t length, int64_t nbytes) {
     std::lock_guard<std::mutex> g(mu);
     Arena* a = find_locked(id);
     if (offset < 0 || nbytes <= 0 || length < nbytes || !a->is_free(offset, length)) return at::Tensor();
-    a->live.emplace(offset, length);
+    a->add_block(offset, length);
     a->live_bytes += length;
     p = a->base + offset;
   }
@@ -316,7 +326,8 @@ std::tuple<int64_t, int64_t, int64_t, int64_t> stats(int64_t id) {
 
 // Give whole huge pages of arena `id` that no live block touches back to the kernel
 // (MADV_DONTNEED: touched again, they come back zeroed), the highest first, until at least
-// `want` bytes (all of them if want <= 0); returns the bytes released. For an arena larger
+// `want` bytes (all of them if want <= 0); returns the bytes released (pages released
+// before and not handed out since are skipped, not counted). For an arena larger
 // than the budget, as glibc's heap is trimmed: its resident pages are what the layout
 // uses, and free ones go only when RSS nears its bound. Whole 2 MiB pages only: advice on
 // part of one would split it, and direct I/O from 4 KiB pages is slower.
@@ -330,13 +341,20 @@ int64_t trim(int64_t id, int64_t want) {
     cand = std::max(cand, b.first + b.second);
   }
   if (a->size > cand) gaps.emplace_back(cand, a->size);
+  if (a->released.empty()) a->released.assign((a->size + kHugePage - 1) / kHugePage, 0);
   size_t released = 0;
   for (auto it = gaps.rbegin(); it != gaps.rend(); ++it) {
-    if (want > 0 && released >= static_cast<size_t>(want)) break;
     size_t s = (it->first + kHugePage - 1) / kHugePage * kHugePage, e = it->second / kHugePage * kHugePage;
-    if (want > 0 && e > s && e - s > static_cast<size_t>(want) - released)  // the top of the gap will do
-      s = std::max(s, e - (static_cast<size_t>(want) - released + kHugePage - 1) / kHugePage * kHugePage);
-    if (s < e && madvise(a->base + s, e - s, MADV_DONTNEED) == 0) released += e - s;
+    // pages given back before and not used since are skipped: they hold nothing resident
+    for (size_t at = e; at > s; at -= kHugePage) {
+      if (want > 0 && released >= static_cast<size_t>(want)) return static_cast<int64_t>(released);
+      size_t page = (at - kHugePage) / kHugePage;
+      if (a->released[page]) continue;
+      if (madvise(a->base + at - kHugePage, kHugePage, MADV_DONTNEED) == 0) {
+        a->released[page] = 1;
+        released += kHugePage;
+      }
+    }
   }
   return static_cast<int64_t>(released);
 }

@@ -189,7 +189,8 @@ class CpuArena:
     def trim(self, nbytes: int = 0) -> int:
         """Give back whole huge pages of the arena that no live block touches, the highest
         first, until at least `nbytes` (all of them if 0); zeroed when touched again.
-        Returns the bytes released (pages not resident count too)."""
+        Returns the bytes released: pages given back before and not handed out since are
+        skipped (never-touched pages count, as the kernel cannot tell them apart here)."""
         return int(self._m.trim(self.id, int(nbytes)))
 
     def close(self) -> None:
