@@ -135,18 +135,28 @@ class Replay:
 
     # ---- one kernel ------------------------------------------------------------------
     def run_kernel(self, k: int) -> None:
+        args, kwargs = self.operands(k)
+        self.store_outputs(k, self.call_kernel(k, args, kwargs))
+
+    def operands(self, k: int) -> tuple[tuple, dict]:
+        """Kernel k's args and kwargs, its tensor operands materialized."""
         node = self.program.kernel_nodes[k]
         args = fx.node.map_arg(node.args, self.materialize)
         kwargs = fx.node.map_arg(node.kwargs, self.materialize)
         if self.device is not None:
             args, kwargs = on_device(args, self.device), on_device(kwargs, self.device)
+        return args, kwargs
+
+    def call_kernel(self, k: int, args: tuple, kwargs: dict):
+        """Kernel k's op on `args` (its output into a dying input's storage where it can)."""
         reuse = self.reuse[k]
         if reuse is not None and reuse[1] not in self.keep and reuse[1] in self.env:
             # the output's layout over the dying input's storage (its base value may be shaped otherwise)
             target = self.env[reuse[1]].as_strided(reuse[3], reuse[4], 0)
-            out = reuse[0](*args, **kwargs, **{reuse[2]: target})
-        else:
-            out = node.target(*args, **kwargs)
+            return reuse[0](*args, **kwargs, **{reuse[2]: target})
+        return self.program.kernel_nodes[k].target(*args, **kwargs)
+
+    def store_outputs(self, k: int, out) -> None:
         for tid, i in self.program.kernel_outputs[k]:
             self.env[tid] = out if i is None else out[i]
 
