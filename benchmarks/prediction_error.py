@@ -81,6 +81,11 @@ def main() -> None:
             cache = a.cache or os.path.join(a.cache_dir or tmp.name, f"{preset}-{name}.sqlite")
             cm = profile(graph, memory, cache, inputs=inputs)
             t_prof = time.perf_counter() - t0
+            if cm.executor_overhead:
+                o = cm.executor_overhead
+                print(f"{graph.name:36s} the executor's overheads in the prediction: {o['kernel_s'] * 1e6:.1f} us a kernel, "
+                      f"{o['sync_move_s'] * 1e6:.1f} us a sync move, {o['async_move_s'] * 1e6:.1f} us an async move",
+                      flush=True)
             del inputs
             # one plan at a time, its session closed before the next starts: sessions in one
             # process share glibc's heap, and one that trims it to hold its RSS bound made

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from autotm.costmodel import CostModel, MoveCost
-from autotm.plan import all_fast_plan
+from autotm.plan import all_fast_plan, evict_all_activations_plan
 from autotm.profile import (
     MIN_BATCH_S,
     _fit_move,
@@ -35,6 +35,7 @@ from autotm.profile import (
 from autotm.profile_cache import SCHEMA_VERSION, CacheWarning, ProfileCache, environment_key
 from autotm.simulate import simulate
 from autotm.tiers import make_memory_system
+from autotm.validate import PlanReplay
 from children import sigint_default, stop
 
 SMALL_MOVES = dict(move_sizes=(64 * 1024, 1024 * 1024), move_repeats=2)
@@ -203,7 +204,9 @@ def test_profile_times_every_kernel_then_hits_the_cache(tiny, memory, tmp_path):
     # a kernel's time: its signature's time (timed once) + the interpreter's work after it there
     with ProfileCache(path) as db:
         rows = db.kernel_times(db.environment(environment("cpu+file", None, memory.async_engine)))
-    assert len(rows) == unique_keys(g)
+    # (the cache also holds the executor-overhead calibration graph's kernels: autotm.overhead)
+    sigs = {k.signature for k in g.kernels}
+    assert len([key for key in rows if key[0] in sigs]) == unique_keys(g)
     for k, s in zip(g.kernels, cm.kernel_seconds):
         assert s >= rows[(k.signature, "fast")] > 0
     # the simulated all-fast plan is the sum of the kernel times
@@ -219,6 +222,39 @@ def test_profile_times_every_kernel_then_hits_the_cache(tiny, memory, tmp_path):
     cm3, st3 = profile(g, memory, path, inputs=inputs, return_stats=True, recache=True, **SMALL_MOVES)
     assert st3.measured == unique_keys(g) and st3.move_samples_measured == 64
     assert CostModel.from_json(cm3.to_json()) == cm3
+
+
+def test_the_executors_overhead_is_measured_once_and_added_to_every_move(tiny, memory, tmp_path):
+    g, inputs = tiny
+    path = tmp_path / "c.sqlite"
+    bare = profile(g, memory, path, inputs=inputs, executor_overhead=False, **SMALL_MOVES)
+    assert bare.executor_overhead == {}
+    cm, st = profile(g, memory, path, inputs=inputs, return_stats=True, **SMALL_MOVES)
+    assert st.overhead_measured and not st.nothing_new and "executor's overheads" in st.message()
+    o = cm.executor_overhead
+    assert set(o) == {"kernel_s", "sync_move_s", "async_move_s"} and o["async_move_s"] == 0.0
+    # a sync move's work in the executor outside the tier's call and the kernels (freeing
+    # its slow copy when the tensor dies, RSS checks with an arena): tens of us, never nothing
+    assert 0 < o["sync_move_s"] < 1e-3 and 0 <= o["kernel_s"] < 1e-4
+    assert cm.kernel_seconds == pytest.approx([s + o["kernel_s"] for s in bare.kernel_seconds], rel=1e-12)
+    for d in ("to_slow", "to_fast"):
+        for n in (4096, 200_000, 1 << 20, 8 << 20):
+            assert cm.move_seconds(n, d, "sync") == pytest.approx(bare.move_seconds(n, d, "sync") + o["sync_move_s"])
+            assert cm.async_host_seconds(n, d) == bare.async_host_seconds(n, d)
+            assert cm.move_seconds(n, d, "async") == bare.move_seconds(n, d, "async")
+    # an evict-all sync plan's prediction: one sync_move_s more per evict and prefetch
+    plan = evict_all_activations_plan(g, "sync")
+    n_moves = sum(m.action.kind in ("evict", "prefetch") for step in PlanReplay(plan, g, budget_bytes=None)
+                  for m in step.sync_moves)
+    assert n_moves > 0
+    assert simulate(plan, g, cm).predicted_seconds == pytest.approx(
+        simulate(plan, g, bare).predicted_seconds + n_moves * o["sync_move_s"] + len(g.kernels) * o["kernel_s"])
+    assert CostModel.from_json(cm.to_json()) == cm
+    # measured once per environment: cached, and measured again only with recache
+    again, st2 = profile(g, memory, path, inputs=inputs, return_stats=True, **SMALL_MOVES)
+    assert st2.nothing_new and not st2.overhead_measured and again == cm
+    _, st3 = profile(g, memory, path, inputs=inputs, return_stats=True, recache=True, **SMALL_MOVES)
+    assert st3.overhead_measured
 
 
 def test_profile_without_inputs_uses_synthetic_values(tiny, memory, tmp_path):

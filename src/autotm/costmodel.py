@@ -32,6 +32,10 @@ Produced by `autotm.profile.profile` (measured on a real memory system) or by
   optional): W_k, the seconds kernel k and kernel k + 1 together take beyond their
   profiled times when the thread waited on the slow tier just before k (its threads
   went to sleep and its caches cold; see :meth:`woken`). Empty: 0 for every kernel.
+- ``executor_overhead`` (profiled host-timed tiers, optional): the executor's own seconds
+  per kernel, per sync move and per async move (autotm.overhead), which the profile has
+  already added to ``kernel_seconds``, ``placement_seconds``, the sync moves and the
+  async moves' "host" seconds. Informational: nothing adds it again.
 """
 
 from __future__ import annotations
@@ -97,6 +101,9 @@ class CostModel:
     workspace_bytes: tuple[int, ...] = ()  # per kernel; () = not profiled (0)
     copy_interference: dict = field(default_factory=dict)  # direction -> slowdown; {} = none
     wake_seconds: tuple[float, ...] = ()  # per kernel W_k; () = not profiled (0)
+    # what the profile added for the executor's own work (autotm.overhead: kernel_s,
+    # sync_move_s, async_move_s), already in kernel_seconds and moves; {} = nothing added
+    executor_overhead: dict = field(default_factory=dict)
 
     # ---- queries ----------------------------------------------------------------------
     def kernel_time(self, k: int, placement: tuple[str, ...] | None = None) -> float:
@@ -233,6 +240,7 @@ class CostModel:
             "workspace_bytes": list(self.workspace_bytes),
             "copy_interference": dict(self.copy_interference),
             "wake_seconds": list(self.wake_seconds),
+            "executor_overhead": dict(self.executor_overhead),
             "placement_seconds": {str(k): [[list(p), s] for p, s in table.items()]
                                   for k, table in sorted(self.placement_seconds.items())},
         }
@@ -265,6 +273,7 @@ class CostModel:
                 workspace_bytes=tuple(int(x) for x in d.get("workspace_bytes", ())),
                 copy_interference={str(k): float(v) for k, v in d.get("copy_interference", {}).items()},
                 wake_seconds=tuple(float(x) for x in d.get("wake_seconds", ())),
+                executor_overhead={str(k): float(v) for k, v in d.get("executor_overhead", {}).items()},
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed cost model JSON: {e!r}") from None

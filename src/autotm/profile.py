@@ -82,6 +82,7 @@ import torch.fx as fx
 
 from .costmodel import DIRECTIONS, HOST, MOVE_MODES, SLOWDOWN, CostModel, MoveCost, operand_tensors
 from .graph import Role, TrainingGraph
+from .overhead import NAMES as OVERHEAD_NAMES, ExecutorOverhead, measure_executor_overhead
 from .profile_cache import ProfileCache
 from .replay import Replay, on_device
 from .tiers import cpu_arena
@@ -96,6 +97,8 @@ REL_TOL = 0.03
 MAX_KERNEL_S = 1.0  # time spent on samples of one kernel placement, at most (after MIN_SAMPLES)
 MAX_ITERATIONS = 4  # in-situ sampling: replay iterations at most
 LONG_KERNEL_S = 0.25  # in-situ sampling: this much sampled time of a kernel is enough
+
+OVERHEAD_PREFIX = "executor:"  # the cache's values of autotm.overhead
 
 # ---- moves -------------------------------------------------------------------------------
 MOVE_SIZES = tuple(4096 * 4 ** i for i in range(8))  # 4 KiB .. 64 MiB
@@ -134,10 +137,12 @@ class ProfileStats:
     cache_rebuilt: str | None = None
     iterations: int = 0  # in-situ replay iterations run
     simulated_from: str | None = None  # the tier spec of a sim:<spec> cost model
+    overhead_measured: bool = False  # the executor's overheads were measured (autotm.overhead)
 
     @property
     def nothing_new(self) -> bool:
-        return self.measured == 0 and self.move_samples_measured == 0 and self.iterations == 0
+        return (self.measured == 0 and self.move_samples_measured == 0 and self.iterations == 0
+                and not self.overhead_measured)
 
     def message(self) -> str:
         if self.simulated_from:
@@ -146,8 +151,9 @@ class ProfileStats:
             return (f"nothing new measured: {self.cache_hits} kernel timings and "
                     f"{self.move_samples_cached} move samples from the cache")
         return (f"measured {self.measured} kernel timings and {self.move_samples_measured} move samples "
-                f"in {self.iterations} replay iterations ({self.cache_hits} kernel timings from the cache) "
-                f"in {self.seconds:.1f} s")
+                f"in {self.iterations} replay iterations ({self.cache_hits} kernel timings from the cache)"
+                + (", and the executor's overheads" if self.overhead_measured else "")
+                + f" in {self.seconds:.1f} s")
 
 
 # ------------------------------------------------------------------------------ environment
@@ -799,6 +805,27 @@ def _isotonic(y: list[float], w: list[float]) -> list[float]:
 
 # ------------------------------------------------------------------------------ profile
 
+def cached_overhead(db: ProfileCache, env: str) -> ExecutorOverhead | None:
+    values = [db.value(env, OVERHEAD_PREFIX + name) for name in OVERHEAD_NAMES]
+    return None if any(v is None for v in values) else ExecutorOverhead(*values)
+
+
+def put_overhead(db: ProfileCache, env: str, o: ExecutorOverhead) -> None:
+    for name, v in o.as_dict().items():
+        db.put_value(env, OVERHEAD_PREFIX + name, v)
+
+
+def _plus(c: MoveCost, seconds: float) -> MoveCost:
+    return MoveCost(c.latency_s + seconds, c.bandwidth_bytes_per_s, tuple((n, t + seconds) for n, t in c.points))
+
+
+def with_overhead(moves: dict[tuple[str, str], MoveCost], o: ExecutorOverhead) -> dict[tuple[str, str], MoveCost]:
+    """The executor's per-move seconds on top: a sync move's, an async move's on the calling
+    thread (mode "host"; where the system has no host mode its overhead is left out)."""
+    add = {"sync": o.sync_move_s, HOST: o.async_move_s}
+    return {(d, m): _plus(c, add[m]) if add.get(m) else c for (d, m), c in moves.items()}
+
+
 def _open_cache(cache) -> tuple[ProfileCache, bool]:
     if isinstance(cache, ProfileCache):
         return cache, False
@@ -809,7 +836,7 @@ def profile(graph: TrainingGraph, memory_system, cache: ProfileCache | str | os.
             inputs: Mapping[int, torch.Tensor] | None = None, recache: bool = False,
             progress: Progress | None = None, return_stats: bool = False,
             move_sizes: tuple[int, ...] = MOVE_SIZES, move_repeats: int = MOVE_REPEATS,
-            wake_rounds: int = WAKE_ROUNDS):
+            wake_rounds: int = WAKE_ROUNDS, executor_overhead: bool = True):
     """Profile `graph` on `memory_system` and return its CostModel.
 
     Args:
@@ -826,6 +853,9 @@ def profile(graph: TrainingGraph, memory_system, cache: ProfileCache | str | os.
         move_sizes, move_repeats: the sizes (bytes) and repeats of the move measurements.
         wake_rounds: replay iterations per phase timing the kernels after a blocking move
             (memory systems with idle_sync_moves; 0: none, CostModel.wake_seconds empty).
+        executor_overhead: add the executor's own seconds per kernel and per sync move
+            (autotm.overhead: measured once per environment on a calibration graph and
+            cached; host-timed memory systems only). False: the kernels' and moves' calls alone.
     """
     if isinstance(memory_system, str) and memory_system.startswith("sim:"):
         cm, stats = _profile_sim(graph, memory_system, cache, recache=recache)
@@ -838,7 +868,7 @@ def profile(graph: TrainingGraph, memory_system, cache: ProfileCache | str | os.
     try:
         cm, stats = _profile_real(graph, memory_system, cache, inputs=inputs, recache=recache,
                                   progress=progress, move_sizes=tuple(move_sizes), move_repeats=move_repeats,
-                                  wake_rounds=wake_rounds)
+                                  wake_rounds=wake_rounds, executor_overhead=executor_overhead)
     finally:
         if owned is not None:
             owned.close()
@@ -846,7 +876,8 @@ def profile(graph: TrainingGraph, memory_system, cache: ProfileCache | str | os.
     return (cm, stats) if return_stats else cm
 
 
-def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes, move_repeats, wake_rounds):
+def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes, move_repeats, wake_rounds,
+                  executor_overhead=True, recache_moves=None):
     if graph.fake:
         raise ValueError(f"graph {graph.name} was captured on fake tensors: it cannot be timed on "
                          f"{memory.name}; capture it on real tensors, or profile on a sim:<spec> system")
@@ -895,7 +926,12 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
         wake_on = getattr(memory, "idle_sync_moves", False) and wake_rounds > 0
         wake_samples, wake_done = cached_wake_samples(graph, db, env, recache) if wake_on else ({}, 0)
         n_wake = max(0, 3 * wake_rounds - wake_done) if wake_on else 0
-        total = len(need) + sum(len(v) for v in batch_jobs.values()) + n_move + n_wake
+        # the executor's own time (autotm.overhead): host-timed systems, where it is serial with kernels
+        overhead_on = executor_overhead and getattr(memory, "move_seconds", None) is None and (
+            device is None or torch.device(device).type == "cpu")
+        overhead = None if recache or not overhead_on else cached_overhead(db, env)
+        total = (len(need) + sum(len(v) for v in batch_jobs.values()) + n_move + n_wake
+                 + int(overhead_on and overhead is None))
         done = [0]
 
         def tick(what: str) -> None:
@@ -910,7 +946,8 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
             stats.measured += 1
             tick(graph.kernels[k].op)
 
-        moves, slowdown = measure_moves(memory, db, env, sizes=move_sizes, repeats=move_repeats, recache=recache,
+        moves, slowdown = measure_moves(memory, db, env, sizes=move_sizes, repeats=move_repeats,
+                                        recache=recache if recache_moves is None else recache_moves,
                                         stats=stats, progress=tick)
         done[0] = max(done[0], n_move)
         if progress is not None:
@@ -971,16 +1008,30 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
                 inputs = synthetic_inputs(graph)
             wake = measure_wakes(graph, memory, db, env, inputs, wake_samples, wake_done, rounds=wake_rounds,
                                  stats=stats, progress=tick)
+        if overhead_on and overhead is None:
+            def calibration_model(g, g_inputs):
+                # this cache and environment; with recache, its kernels timed again, not the moves
+                g_cm = _profile_real(g, memory, db, inputs=g_inputs, recache=recache, progress=None,
+                                     move_sizes=move_sizes, move_repeats=move_repeats, wake_rounds=wake_rounds,
+                                     executor_overhead=False, recache_moves=False)[0]
+                return g_cm, [statistics.median(x) for x in db.position_samples(env, g.fingerprint)]
+            overhead = measure_executor_overhead(memory, calibration_model)
+            put_overhead(db, env, overhead)
+            stats.overhead_measured = True
+            tick("executor overhead")
+        o = overhead or ExecutorOverhead()
         after = [statistics.median(x) for x in pos]
-        kernel_seconds = tuple(have[(k.signature, "fast")] + after[i] for i, k in enumerate(graph.kernels))
+        kernel_seconds = tuple(have[(k.signature, "fast")] + after[i] + o.kernel_s
+                               for i, k in enumerate(graph.kernels))
         placement_seconds: dict[int, dict[tuple[str, ...], float]] = {}
         if direct:
             # the in-situ all-fast time, scaled by the slowdown the repeated timings measured
             for k, kern in enumerate(graph.kernels):
                 base = have[(kern.signature, "batch:fast")]
                 call = have[(kern.signature, "fast")]
-                placement_seconds[k] = {p: call * have[(kern.signature, key)] / base + after[k]
+                placement_seconds[k] = {p: call * have[(kern.signature, key)] / base + after[k] + o.kernel_s
                                         for p, key in needs[k] if p is not None}
+        moves = with_overhead(moves, o)
         stats.seconds = time.perf_counter() - t_start
         cm = CostModel(graph_fingerprint=graph.fingerprint, memory_system=memory.name, access=memory.access,
                        kernel_seconds=kernel_seconds, placement_seconds=placement_seconds, moves=moves,
@@ -989,7 +1040,8 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
                        async_overlap=getattr(memory, "async_engine", None) == "aio",
                        workspace_bytes=tuple(workspace.get(k.signature, 0) for k in graph.kernels)
                        if workspace else (),
-                       copy_interference=slowdown, wake_seconds=wake)
+                       copy_interference=slowdown, wake_seconds=wake,
+                       executor_overhead=o.as_dict() if overhead is not None else {})
         return cm, stats
     finally:
         if owned:
