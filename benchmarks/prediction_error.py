@@ -14,7 +14,7 @@ much the measurement of one plan moved within the case (the machine's drift; not
 as a case) is the resolution of the errors.
 
     .venv/bin/python benchmarks/prediction_error.py [--cases test:resnet50,cpu:vgg19]
-        [--iterations 6] [--threads N] [--cache PATH] [--json out.json]
+        [--iterations 10] [--threads N] [--cache PATH] [--json out.json]
 """
 
 from __future__ import annotations
@@ -53,7 +53,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=DEFAULT_CASES, help="preset:model,...")
     ap.add_argument("--memory", default="cpu+file")
-    ap.add_argument("--iterations", type=int, default=6)
+    # 10: this disk has slow spells of ~10 s (resnet50 cpu evict-all async: three iterations
+    # of 4.5-4.7 s between runs of 3.9 s), which took the median of 5 iterations with them
+    ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--cache", default=None,
                     help="profile cache file shared by the cases (default: a fresh one per case, so that the "

@@ -24,15 +24,20 @@ does it, already part of every kernel's profiled time),
 
 the executor's time outside kernel calls beyond what the profile counts after each kernel,
 and the time outside kernel calls and moves that the moves add over all-fast. The profile
-adds kernel_s to every kernel and sync_move_s to every sync move, so the planner and the
-simulator see them without a term of their own. Left out, and why:
+adds kernel_s to every kernel and sync_move_s to every sync move, and async_move_s =
+sync_move_s to every async move's seconds on the calling thread ("host"): most of that
+work (the slow copy given back when its tensor dies, the record, the RSS checks with an
+arena, the arena slot to read into) is the same for an async move, and without it the
+test preset's evict-all async plans were under-predicted (densenet264 7.7-11.0 % in five
+runs, ~25 us an async move). The planner and the simulator see them without a term of
+their own. Left out, and why:
 - the part inside R beyond the tier's call (~10 us: the arena slot to read into, the
   record): telling it apart needs the tier's call timed alone in the executor;
-- async moves: an evict-all async plan's residual against its prediction (less kernels
-  and sync moves) came out 3-14 us a move, but moved with the error of each fresh
-  profile's move and kernel models (the same kind of residual gave sync moves 0-82 us
-  and kernels 0-4.5 us on fresh profiles of this machine, against 25-34 us and 2.3-2.5
-  us from the measured-only formulas above).
+- a measurement of its own for async moves: an evict-all async plan's residual against
+  its prediction (less kernels and sync moves) came out 3-14 us a move, but moved with
+  the error of each fresh profile's move and kernel models (the same kind of residual
+  gave sync moves 0-82 us and kernels 0-4.5 us on fresh profiles of this machine,
+  against 25-34 us and 2.3-2.5 us from the measured-only formulas above).
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ NAMES = ("kernel_s", "sync_move_s", "async_move_s")  # the cache's value names (
 class ExecutorOverhead:
     kernel_s: float = 0.0  # per kernel
     sync_move_s: float = 0.0  # per sync evict or prefetch
-    async_move_s: float = 0.0  # per async evict or prefetch, on the compute thread (not measured)
+    async_move_s: float = 0.0  # per async evict or prefetch, on the compute thread (= sync_move_s)
 
     def as_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
@@ -130,4 +135,4 @@ def measure_executor_overhead(memory, cost_model_of) -> ExecutorOverhead:
     kernel_s = max(0.0, (T["F"] - K["F"]) / n - sum(positions) / n)
     m_s = costed["S"]
     sync_s = max(0.0, ((T["S"] - K["S"] - R["S"]) - (T["F"] - K["F"])) / max(m_s, 1))
-    return ExecutorOverhead(kernel_s, sync_s, 0.0)
+    return ExecutorOverhead(kernel_s, sync_s, sync_s)

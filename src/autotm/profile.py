@@ -52,7 +52,12 @@ against the same matmuls alone is how much a copy in flight slows the kernel it 
 Moves: sync and async seconds of `to_slow` and `to_fast` over sizes 4 KiB .. 64 MiB (async
 ones measured while this thread computes, as the kernel they overlap will),
 fitted per direction and mode as latency + bytes / bandwidth (least squares on relative
-error, both coefficients non-negative).
+error, both coefficients non-negative). Their rounds are taken in three phases (before the
+kernels, after them, after the kernels timed after a move), so that a slow spell of the
+device does not hold every round.
+
+The executor's own time per kernel and per sync move, beyond the calls timed here, is
+measured once per environment on a calibration graph (`autotm.overhead`) and added.
 
 Every measurement goes to the SQLite cache (`autotm.profile_cache`) as it completes,
 keyed by signature + placement + environment; `recache=True` measures everything again.
@@ -102,7 +107,14 @@ OVERHEAD_PREFIX = "executor:"  # the cache's values of autotm.overhead
 
 # ---- moves -------------------------------------------------------------------------------
 MOVE_SIZES = tuple(4096 * 4 ** i for i in range(8))  # 4 KiB .. 64 MiB
-MOVE_REPEATS = 5
+MOVE_REPEATS = 6
+# The rounds are taken in MOVE_PHASES phases spread over the profile (round r in phase
+# r % MOVE_PHASES): before the kernels, after them, after the kernels timed after a move.
+# This disk has slow spells of ~10 s; all rounds in the same 3 s had made resnet50 cpu's
+# sync moves predicted 1.76x their measured time in one run (2.09-3.00 s against 1.70-1.84
+# in four), its other runs' moves measured at 1.0x. A spell in one phase now has two of
+# six rounds: the median stays out of it.
+MOVE_PHASES = 3
 # Small moves take a few hundred microseconds, and a slow spell of the device (the host
 # writing back what the warm-up wrote, it seems) can make several of the first rounds 10x
 # slower: 4 KiB sync writes of 3037, 3020, 1564, 185, 213 us, a median of 1.5 ms against
@@ -724,11 +736,16 @@ def move_rounds(sizes, repeats: int) -> list[tuple[int, int]]:
 
 def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, repeats=MOVE_REPEATS,
                   recache: bool = False, progress: Callable[[str], None] | None = None,
-                  stats: ProfileStats | None = None) -> dict[tuple[str, str], MoveCost]:
+                  stats: ProfileStats | None = None, phases: tuple[int, ...] | None = None):
     """Sync and async seconds of both directions over `sizes`, fitted per direction and
     mode; for host-timed systems also the async moves' seconds on the calling thread
-    (mode "host"). Returns (moves, copy interference per direction: {} when device-timed)."""
-    have = {} if recache else cache.move_samples(env)
+    (mode "host"). Returns (moves, copy interference per direction: {} when device-timed).
+    `phases`: measure only the rounds of these phases (MOVE_PHASES; None: all), and return
+    (None, None) while rounds of other phases are still missing. `recache` with phases:
+    the samples of those phases are measured again."""
+    have = cache.move_samples(env)
+    if recache:
+        have = {} if phases is None else {key: v for key, v in have.items() if key[3] % MOVE_PHASES not in phases}
     # a GPU system times its own moves with CUDA events (the host clock sees launches only)
     device_timed = getattr(memory, "move_seconds", None)
     modes = MOVE_MODES if device_timed is not None else MOVE_MODES + (HOST, SLOWDOWN)
@@ -738,9 +755,11 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
     # (seeded) order: in ascending order every 4 KiB sample followed a 64 MiB one, which
     # made it 3x slower (300 us, against 100 in the executor's runs of small moves)
     want = move_rounds(sizes, repeats)
-    missing = [(n, r) for n, r in want if any((d, m, n, r) not in have for d, m in keys)]
+    missing = [(n, r) for n, r in want if any((d, m, n, r) not in have for d, m in keys)
+               and (phases is None or r % MOVE_PHASES in phases)]
     if stats is not None:
-        stats.move_samples_cached += len(keys) * (len(want) - len(missing))
+        stats.move_samples_cached += len(keys) * sum(
+            1 for n, r in want if (phases is None or r % MOVE_PHASES in phases) and (n, r) not in missing)
     load = torch.randn(192, 192)
 
     def sample(n: int) -> torch.Tensor:
@@ -774,6 +793,8 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
             stats.move_samples_measured += len(got)
         if progress is not None:
             progress(f"move {n >> 10} KiB")
+    if any((d, m, n, r) not in have for n, r in want for d, m in keys):
+        return None, None  # other phases' rounds to come
     return {(d, m): _move_cost([(n, have[(d, m, n, r)]) for n, r in want]) for d, m in keys if m != SLOWDOWN}, \
         {d: interference([have[(d, SLOWDOWN, n, r)] for n, r in want]) for d in DIRECTIONS if SLOWDOWN in modes}
 
@@ -946,12 +967,21 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
             stats.measured += 1
             tick(graph.kernels[k].op)
 
-        moves, slowdown = measure_moves(memory, db, env, sizes=move_sizes, repeats=move_repeats,
-                                        recache=recache if recache_moves is None else recache_moves,
-                                        stats=stats, progress=tick)
-        done[0] = max(done[0], n_move)
-        if progress is not None:
-            progress(done[0], total, "moves")
+        rounds = move_rounds(move_sizes, move_repeats)
+
+        def move_phase(phase: int):
+            """The move rounds of one phase (MOVE_PHASES); the fit once all are in."""
+            before = done[0]
+            got = measure_moves(memory, db, env, sizes=move_sizes, repeats=move_repeats,
+                                recache=recache if recache_moves is None else recache_moves,
+                                stats=stats, progress=tick, phases=(phase,))
+            # the rounds found in the cache count as done too
+            done[0] = before + sum(1 for _, r in rounds if r % MOVE_PHASES == phase)
+            if progress is not None:
+                progress(done[0], total, "moves")
+            return got
+
+        move_phase(0)
 
         workspace = {} if recache else db.workspaces(env)
         pos = None if recache else db.position_samples(env, graph.fingerprint)
@@ -1002,12 +1032,14 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
                 if it > MAX_ITERATIONS + 2:  # cannot happen while insitu_done caps iterations
                     raise RuntimeError(f"profiling {graph.name}: kernels still unmeasured after {it} iterations: "
                                        f"{sorted(need)[:3]}")
+        move_phase(1)
         wake: tuple[float, ...] = ()
         if wake_on:
             if n_wake and inputs is None:
                 inputs = synthetic_inputs(graph)
             wake = measure_wakes(graph, memory, db, env, inputs, wake_samples, wake_done, rounds=wake_rounds,
                                  stats=stats, progress=tick)
+        moves, slowdown = move_phase(2)
         if overhead_on and overhead is None:
             def calibration_model(g, g_inputs):
                 # this cache and environment; with recache, its kernels timed again, not the moves
