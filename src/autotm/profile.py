@@ -89,7 +89,7 @@ from .costmodel import DIRECTIONS, HOST, MOVE_MODES, SLOWDOWN, CostModel, MoveCo
 from .graph import Role, TrainingGraph
 from .overhead import NAMES as OVERHEAD_NAMES, ExecutorOverhead, measure_executor_overhead
 from .profile_cache import ProfileCache
-from .replay import Replay, on_device
+from .replay import Replay
 from .tiers import cpu_arena
 
 log = logging.getLogger("autotm.profile")
@@ -348,14 +348,10 @@ class ProfilingReplay(Replay):
             return
         if sig not in self.warm:
             self.warm.add(sig)
-            node = self.program.kernel_nodes[k]
             rng = torch.get_rng_state()
             cuda_rng = torch.cuda.get_rng_state(self.device) if self.cuda else None
-            args = fx.node.map_arg(node.args, self.materialize)
-            kwargs = fx.node.map_arg(node.kwargs, self.materialize)
-            if self.device is not None:
-                args, kwargs = on_device(args, self.device), on_device(kwargs, self.device)
-            node.target(*args, **kwargs)
+            args, kwargs = self.operands(k)
+            self.program.kernel_nodes[k].target(*args, **kwargs)  # functional: no input reused
             del args, kwargs
             torch.set_rng_state(rng)
             if cuda_rng is not None:
@@ -755,11 +751,10 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
     # (seeded) order: in ascending order every 4 KiB sample followed a 64 MiB one, which
     # made it 3x slower (300 us, against 100 in the executor's runs of small moves)
     want = move_rounds(sizes, repeats)
-    missing = [(n, r) for n, r in want if any((d, m, n, r) not in have for d, m in keys)
-               and (phases is None or r % MOVE_PHASES in phases)]
+    mine = [(n, r) for n, r in want if phases is None or r % MOVE_PHASES in phases]
+    missing = [(n, r) for n, r in mine if any((d, m, n, r) not in have for d, m in keys)]
     if stats is not None:
-        stats.move_samples_cached += len(keys) * sum(
-            1 for n, r in want if (phases is None or r % MOVE_PHASES in phases) and (n, r) not in missing)
+        stats.move_samples_cached += len(keys) * (len(mine) - len(missing))
     load = torch.randn(192, 192)
 
     def sample(n: int) -> torch.Tensor:
@@ -943,7 +938,8 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
                     stats.cache_hits += 1
                 else:
                     batch_jobs.setdefault(k, []).append((p, key))
-        n_move = len(move_rounds(move_sizes, move_repeats))
+        rounds = move_rounds(move_sizes, move_repeats)
+        n_move = len(rounds)
         wake_on = getattr(memory, "idle_sync_moves", False) and wake_rounds > 0
         wake_samples, wake_done = cached_wake_samples(graph, db, env, recache) if wake_on else ({}, 0)
         n_wake = max(0, 3 * wake_rounds - wake_done) if wake_on else 0
@@ -966,8 +962,6 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
             have[(sig, key)] = seconds
             stats.measured += 1
             tick(graph.kernels[k].op)
-
-        rounds = move_rounds(move_sizes, move_repeats)
 
         def move_phase(phase: int):
             """The move rounds of one phase (MOVE_PHASES); the fit once all are in."""
