@@ -310,6 +310,48 @@ def test_async_read_of_a_truncated_slow_file_is_a_clear_error(tmp_path, engine, 
         assert_same(ms.start_to_fast(hb).wait(), b)  # the failed read's buffer, recycled
 
 
+def test_sync_moves_through_aio_read_a_truncated_file_clearly(tmp_path):
+    """With AIO, sync moves are queued and polled for: a short sync read (the file cut
+    under the tier) is finished as a plain read, which says why it stops."""
+    with FileMemorySystem(str(tmp_path)) as ms:
+        assert ms.async_engine == "aio"
+        a = random_bits((80 * PAGE,), torch.uint8)
+        ha = ms.to_slow(0, a)
+        os.ftruncate(ms.fileno(), ha.location.offset + PAGE)
+        with pytest.raises(TierError, match="shorter than expected"):
+            ms.to_fast(ha)
+        b = random_bits((3 * PAGE + 5,), torch.uint8, seed=1)
+        hb = ms.to_slow(1, b[5:])  # written after the cut: the file grows again
+        assert_same(ms.to_fast(hb), b[5:])
+
+
+def test_ctrl_c_during_a_sync_move_through_aio_leaves_nothing_in_use(tmp_path, monkeypatch):
+    """A Ctrl-C while a sync move waits for its completion: the transfer ends first (its
+    memory is in use until then), a finished write's extent is freed, and the tier goes
+    on working."""
+    from autotm.tiers import linux_aio
+
+    with FileMemorySystem(str(tmp_path)) as ms:
+        t = random_bits((64 * PAGE,), torch.uint8)
+        real_wait = linux_aio.AioContext.wait
+        calls = []
+
+        def interrupted_once(self, tokens, *args, **kw):
+            calls.append(tokens)
+            if len(calls) == 1:
+                raise KeyboardInterrupt
+            return real_wait(self, tokens, *args, **kw)
+
+        monkeypatch.setattr(linux_aio.AioContext, "wait", interrupted_once)
+        with pytest.raises(KeyboardInterrupt):
+            ms.to_slow(0, t)
+        assert len(calls) == 2 and ms._aio.in_flight() == 0
+        assert ms.slow_bytes_in_use() == 0
+        monkeypatch.undo()
+        h = ms.to_slow(1, t)
+        assert_same(ms.to_fast(h), t)
+
+
 def test_aio_context_reads_what_it_wrote(tmp_path):
     from autotm.tiers import linux_aio
 

@@ -30,7 +30,10 @@ Design (measured on ext4 over virtio, see benchmarks/file_tier_bandwidth.py):
   ``start_to_fast`` queue O_DIRECT requests with ``io_submit`` on the calling thread and
   ``wait()`` collects them with ``io_getevents``, so the device works while the kernel
   runs and no thread has to be scheduled (the reasons and figures are in that module).
-  Without AIO (or with buffered I/O, which AIO would run synchronously) they run on the
+  Sync moves go the same way, started and waited for at once: the waiter polls for the
+  completion before it sleeps, which a pwrite/pread cannot (at 1 MiB a sleeping
+  waiter's wake-up and the Python around the call had held sync moves to 0.82-0.93 of a
+  bare pwrite). Without AIO (or with buffered I/O, which AIO would run synchronously) they run on the
   I/O worker thread as in every other memory system.
 * **Fallback**: where O_DIRECT is refused (EINVAL, some file systems), a one-time warning
   is given and buffered I/O is used, with ``fdatasync`` and
@@ -41,6 +44,7 @@ Design (measured on ext4 over virtio, see benchmarks/file_tier_bandwidth.py):
 from __future__ import annotations
 
 import bisect
+import contextlib
 import ctypes
 import errno
 import mmap
@@ -342,7 +346,7 @@ class FileMemorySystem(MemorySystem):
 
     name = "cpu+file"
     access = "staged"
-    idle_sync_moves = True  # the compute thread waits in pread/pwrite
+    idle_sync_moves = True  # the compute thread waits for the device (it sleeps after SPIN_SECONDS)
 
     def __init__(self, slow_dir: str | None = None, slow_capacity_bytes: int | None = None,
                  *, direct_io: bool | None = None, fast_cache_bytes: int = 1 << 30,
@@ -412,15 +416,14 @@ class FileMemorySystem(MemorySystem):
 
     def to_slow(self, key: int, t: torch.Tensor) -> SlowHandle:
         self._check_open()
+        if self._aio is not None:
+            return self._polled(self._aio_to_slow(key, t))
         if t.device.type != "cpu":
             raise TierError(f"cpu+file moves CPU tensors, not {t.device} tensors")
         layout = TensorLayout.of(t)
         n = layout.storage_nbytes
         if n == 0:
-            ext = Extent(0, 0, 0)
-            with self._lock:
-                self._live[id(ext)] = ext
-            return SlowHandle.for_layout(key, 0, layout, ext)
+            return self._empty_handle(key, layout)
         span, pad = _page_span(t.untyped_storage().data_ptr(), n)
         ext = self._allocate(len(span), pad)
         try:
@@ -430,19 +433,43 @@ class FileMemorySystem(MemorySystem):
             raise
         return SlowHandle.for_layout(key, ext.length, layout, ext)
 
+    def _empty_handle(self, key: int, layout: TensorLayout) -> SlowHandle:
+        ext = Extent(0, 0, 0)
+        with self._lock:
+            self._live[id(ext)] = ext
+        return SlowHandle.for_layout(key, 0, layout, ext)
+
+    def _polled(self, pending: Pending):
+        """The result of a move this thread has just started and now waits for: with AIO,
+        sync moves are queued and polled for like async ones (linux_aio.SPIN_SECONDS),
+        which at 1 MiB is ~10-25 us sooner than a pwrite/pread that sleeps in the kernel
+        until the device is done. A Ctrl-C lets the transfer end first, as a pwrite's
+        would (its memory is in use until then); a finished write's extent is freed."""
+        try:
+            return pending.wait()
+        except KeyboardInterrupt:
+            with contextlib.suppress(Exception):  # the Ctrl-C is what the caller must see
+                result = pending.wait()
+                if isinstance(result, SlowHandle):
+                    self.free_slow(result)
+            raise
+
     def read_span(self, h: SlowHandle) -> tuple[int, int]:
         """(bytes a read of `h` writes, offset of the tensor's bytes in them): a destination
         given to to_fast(h, into=...) must have that many bytes writable from a page boundary."""
         ext = self._extent_of(h)
         return ext.length, ext.pad
 
-    def _into(self, into: torch.Tensor, ext: Extent, h: SlowHandle) -> memoryview:
-        """The read target for a caller's destination (read_span: pad 0, page-aligned)."""
-        ptr = into.data_ptr()
-        if ext.pad or ptr % PAGE or into.untyped_storage().nbytes() != h.storage_nbytes:
+    def _check_into(self, into: torch.Tensor, ext: Extent, h: SlowHandle) -> None:
+        """A caller's destination must be as read_span says: pad 0, page-aligned."""
+        if ext.pad or into.data_ptr() % PAGE or into.untyped_storage().nbytes() != h.storage_nbytes:
             raise TierError(f"cannot read tensor {h.key} into the given destination: it must start on a "
                             f"page, hold {h.storage_nbytes} bytes, and the slow copy must have no pad")
-        return memoryview((ctypes.c_char * ext.length).from_address(ptr)).cast("B")
+
+    def _into(self, into: torch.Tensor, ext: Extent, h: SlowHandle) -> memoryview:
+        """The read target for a caller's destination."""
+        self._check_into(into, ext, h)
+        return memoryview((ctypes.c_char * ext.length).from_address(into.data_ptr())).cast("B")
 
     def to_fast(self, h: SlowHandle, into: torch.Tensor | None = None) -> torch.Tensor:
         """As MemorySystem.to_fast; `into`: read into that uint8 tensor's storage instead of
@@ -452,6 +479,8 @@ class FileMemorySystem(MemorySystem):
         n = h.storage_nbytes
         if n == 0:
             return tensor_on_bytes(torch.empty(0, dtype=torch.uint8), h.layout)
+        if self._aio is not None:
+            return self._polled(self._aio_to_fast(h, into))
         if into is not None:
             self._read(self._into(into, ext, h), ext.offset)
             return tensor_on_bytes(into, h.layout)
@@ -501,19 +530,19 @@ class FileMemorySystem(MemorySystem):
         return _failed_or(self._aio_to_fast, h, into)
 
     def _requests(self, op: int, addr: int, length: int, offset: int) -> list[tuple]:
+        if length <= IO_CHUNK:
+            return [(op, self._fd, addr, length, offset)]
         return [(op, self._fd, addr + i, min(IO_CHUNK, length - i), offset + i)
                 for i in range(0, length, IO_CHUNK)]
 
-    def _finish_io(self, results: list[tuple[int, float]], reqs: list[tuple], span,
-                   doing: str) -> None:
-        """Check the completions of `reqs`; finish a short transfer synchronously. `span`
-        is the buffer the requests cover (made a memoryview only for a short one)."""
-        for (res, _), (op, _fd, _addr, n, off) in zip(results, reqs):
+    def _finish_io(self, results: list[tuple[int, float]], reqs: list[tuple], doing: str) -> None:
+        """Check the completions of `reqs`; finish a short transfer synchronously (the
+        caller keeps the requests' memory alive until this returns)."""
+        for (res, _), (op, _fd, addr, n, off) in zip(results, reqs):
             if res < 0:
                 raise self._error(OSError(-res, os.strerror(-res)), doing)
             if res < n:  # short: do the rest as a plain transfer (it reports why it stops)
-                base = off - reqs[0][4]
-                rest = memoryview(span).cast("B")[base + res:base + n]
+                rest = memoryview((ctypes.c_char * (n - res)).from_address(addr + res)).cast("B")
                 (self._write if op == linux_aio.IOCB_CMD_PWRITE else self._read)(rest, off + res)
 
     def _aio_to_slow(self, key: int, t: torch.Tensor) -> Pending:
@@ -525,13 +554,13 @@ class FileMemorySystem(MemorySystem):
         n = storage.nbytes()
         if n == 0:
             done = Pending()
-            done._finish(self.to_slow(key, t))
+            done._finish(self._empty_handle(key, TensorLayout.of(t)))
             return done
         # Only what io_submit needs comes before it; the rest (the layout, the handle) is
         # built while the device writes: at 1 MiB, that Python is 4 % of the move.
         ptr = storage.data_ptr()
-        span, pad = _page_span(ptr, n)
-        ext = self._allocate(len(span), pad)
+        pad = ptr % PAGE
+        ext = self._allocate(round_up(pad + n), pad)
         reqs = self._requests(linux_aio.IOCB_CMD_PWRITE, ptr - pad, ext.length, ext.offset)
         try:
             tokens = self._aio.submit(reqs, keep=t)  # t's storage stays alive until written
@@ -547,9 +576,9 @@ class FileMemorySystem(MemorySystem):
             self._release(ext)
             raise
 
-        def complete(results) -> SlowHandle:
+        def complete(results, _source=t) -> SlowHandle:  # (holds t for a short write's rest)
             try:
-                self._finish_io(results, reqs, span, f"writing {n} bytes")
+                self._finish_io(results, reqs, f"writing {n} bytes")
             except BaseException:
                 self._release(ext)
                 raise
@@ -597,7 +626,7 @@ class FileMemorySystem(MemorySystem):
         def complete(results) -> torch.Tensor:
             nonlocal target, x
             try:
-                self._finish_io(results, reqs, buf, f"reading {n} bytes")
+                self._finish_io(results, reqs, f"reading {n} bytes")
             except BaseException:
                 target = None
                 if x is None:
@@ -612,7 +641,7 @@ class FileMemorySystem(MemorySystem):
         return AioPending(self._aio, tokens, complete)
 
     def _aio_into(self, h: SlowHandle, ext: Extent, into: torch.Tensor) -> Pending:
-        span = self._into(into, ext, h)
+        self._check_into(into, ext, h)
         n = h.storage_nbytes
         settle = self._read_started(h)
         reqs = self._requests(linux_aio.IOCB_CMD_PREAD, into.data_ptr(), ext.length, ext.offset)
@@ -626,7 +655,7 @@ class FileMemorySystem(MemorySystem):
 
         def complete(results) -> torch.Tensor:
             try:
-                self._finish_io(results, reqs, span, f"reading {n} bytes")
+                self._finish_io(results, reqs, f"reading {n} bytes")
             finally:
                 settle()
             return tensor_on_bytes(into, h.layout)

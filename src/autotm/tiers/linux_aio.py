@@ -35,6 +35,13 @@ from typing import Any
 IOCB_CMD_PREAD = 0
 IOCB_CMD_PWRITE = 1
 
+# A waiter polls for completions this long before it sleeps in io_getevents: waking a
+# sleeping thread when the device finishes cost a 1 MiB move ~10 us here (a blocking
+# wait 224 us, a polled one 214 us, a plain pwrite 217 us). The waiter is the compute
+# thread with nothing else to do, and most waits are for a copy about to finish (it
+# overlapped a kernel); a long one sleeps after 1 ms.
+SPIN_SECONDS = 1e-3
+
 # (io_setup, io_destroy, io_getevents, io_submit)
 _SYSCALLS = {
     "x86_64": (206, 207, 208, 209),
@@ -186,12 +193,16 @@ class AioContext:
             self._reap(0, 0.0)
             return all(t in self._results for t in tokens)
 
-    def wait(self, tokens: list[int], timeout: float | None = None, forget: bool = True) -> list[tuple[int, float]]:
+    def wait(self, tokens: list[int], timeout: float | None = None, forget: bool = True,
+             spin: float = SPIN_SECONDS) -> list[tuple[int, float]]:
         """Block until every request in `tokens` has completed; returns (result, time it was
         collected) per token and forgets them (with `forget`; else forget(tokens) does, so
         a caller interrupted before it used them can wait again). Raises TimeoutError after
-        `timeout` seconds."""
-        deadline = None if timeout is None else time.perf_counter() + timeout
+        `timeout` seconds. Polls for the first `spin` seconds before it sleeps in the
+        kernel (see SPIN_SECONDS)."""
+        now = time.perf_counter()
+        deadline = None if timeout is None else now + timeout
+        spin_until = now + spin
         while True:
             with self._lock:
                 if all(t in self._results for t in tokens):
@@ -200,10 +211,14 @@ class AioContext:
                         for t in tokens:
                             self._results.pop(t, None)
                     return got
-                if deadline is not None and time.perf_counter() >= deadline:
+                now = time.perf_counter()
+                if deadline is not None and now >= deadline:
                     raise TimeoutError(f"asynchronous I/O not finished after {timeout} s")
-                # short sleeps in the kernel, so a Ctrl-C is seen within 0.1 s
-                self._reap(1, 0.1)
+                if now < spin_until:
+                    self._reap(0, 0.0)
+                else:
+                    # short sleeps in the kernel, so a Ctrl-C is seen within 0.1 s
+                    self._reap(1, 0.1)
 
     def forget(self, tokens: list[int]) -> None:
         """Drop the completions of `tokens` (after wait(..., forget=False))."""
