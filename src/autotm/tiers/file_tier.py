@@ -33,8 +33,9 @@ Design (measured on ext4 over virtio, see benchmarks/file_tier_bandwidth.py):
   Sync moves go the same way, started and waited for at once: the waiter polls for the
   completion before it sleeps, which a pwrite/pread cannot (at 1 MiB a sleeping
   waiter's wake-up and the Python around the call had held sync moves to 0.82-0.93 of a
-  bare pwrite). Without AIO (or with buffered I/O, which AIO would run synchronously) they run on the
-  I/O worker thread as in every other memory system.
+  bare pwrite). Without AIO (or with buffered I/O, which AIO would run synchronously),
+  sync moves are plain pwrite/pread and async ones run on the I/O worker thread as in
+  every other memory system.
 * **Fallback**: where O_DIRECT is refused (EINVAL, some file systems), a one-time warning
   is given and buffered I/O is used, with ``fdatasync`` and
   ``posix_fadvise(POSIX_FADV_DONTNEED)`` after each write so the data leaves the page
