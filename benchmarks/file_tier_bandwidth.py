@@ -100,13 +100,10 @@ def measure(ms: FileMemorySystem, fd: int, mib: int, repeats: int,
         res["pw"] = timed(lambda: os.pwrite(fd, plain_src, 0))
         res["pr"] = timed(lambda: os.preadv(fd, [plain_dst[i]], 0))
 
-    def tier(res: dict, sync: bool, arena: bool, i: int = 0, m: FileMemorySystem = ms,
-             tag: str = "") -> None:
+    def tier(res: dict, tag: str, sync: bool, arena: bool, i: int = 0,
+             m: FileMemorySystem = ms) -> None:
         box = {}
         t, into = (arena_t, slots[i]) if arena else (heap_t, None)
-        if not tag:  # s / a: heap, sync / async; S / A: the same in the arena
-            tag = "s" if sync else "a"
-            tag = tag.upper() if arena else tag
         if sync:
             res[tag + "w"] = timed(lambda: box.update(h=m.to_slow(0, t)))
             res[tag + "r"] = timed(lambda: box.update(x=m.to_fast(box["h"], into=into)))
@@ -120,10 +117,11 @@ def measure(ms: FileMemorySystem, fd: int, mib: int, repeats: int,
     for r in range(repeats + 1):  # round 0: warm-up
         res: dict[str, float] = {}
         i = r % 2
+        # tags: S / A sync / async in the arena, s / a on the heap, t the I/O thread
         variants = [lambda: plain(res, i),
-                    lambda: tier(res, True, True, i), lambda: tier(res, False, True, i),
-                    lambda: tier(res, True, False), lambda: tier(res, False, False),
-                    lambda: tier(res, False, False, 0, ms_thread, "t")]
+                    lambda: tier(res, "S", True, True, i), lambda: tier(res, "A", False, True, i),
+                    lambda: tier(res, "s", True, False), lambda: tier(res, "a", False, False),
+                    lambda: tier(res, "t", False, False, 0, ms_thread)]
         rng.shuffle(variants)
         for v in variants:
             v()

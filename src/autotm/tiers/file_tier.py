@@ -138,6 +138,10 @@ class AioPending(Pending):
         raise AssertionError("an AIO move is finished by its own wait()")
 
 
+def _empty_tensor(h: SlowHandle) -> torch.Tensor:
+    return tensor_on_bytes(torch.empty(0, dtype=torch.uint8), h.layout)
+
+
 def _failed_or(start, *args) -> Pending:
     """start(*args), or a Pending holding its error: as with the worker thread, a move's
     error reaches the caller from ``wait()``."""
@@ -322,11 +326,16 @@ def _open_arena(directory: str, direct_io: bool | None) -> tuple[int, bool]:
     return fd, use_direct
 
 
-def _page_span(ptr: int, nbytes: int) -> tuple[ctypes.Array, int]:
-    """The whole pages holding bytes [ptr, ptr + nbytes), as a buffer, and ptr's offset
-    into the first one."""
+def _pages(ptr: int, nbytes: int) -> tuple[int, int]:
+    """(length, pad): the whole pages holding bytes [ptr, ptr + nbytes) span `length`
+    bytes from ptr - pad."""
     pad = ptr % PAGE
-    length = round_up(pad + nbytes)
+    return round_up(pad + nbytes), pad
+
+
+def _page_span(ptr: int, nbytes: int) -> tuple[ctypes.Array, int]:
+    """Those pages as a buffer, and ptr's offset into the first one."""
+    length, pad = _pages(ptr, nbytes)
     return (ctypes.c_char * length).from_address(ptr - pad), pad
 
 
@@ -476,12 +485,12 @@ class FileMemorySystem(MemorySystem):
         """As MemorySystem.to_fast; `into`: read into that uint8 tensor's storage instead of
         a buffer of this tier (see read_span)."""
         self._check_open()
+        if self._aio is not None:
+            return self._polled(self._aio_to_fast(h, into))
         ext = self._extent_of(h)
         n = h.storage_nbytes
         if n == 0:
-            return tensor_on_bytes(torch.empty(0, dtype=torch.uint8), h.layout)
-        if self._aio is not None:
-            return self._polled(self._aio_to_fast(h, into))
+            return _empty_tensor(h)
         if into is not None:
             self._read(self._into(into, ext, h), ext.offset)
             return tensor_on_bytes(into, h.layout)
@@ -560,8 +569,8 @@ class FileMemorySystem(MemorySystem):
         # Only what io_submit needs comes before it; the rest (the layout, the handle) is
         # built while the device writes: at 1 MiB, that Python is 4 % of the move.
         ptr = storage.data_ptr()
-        pad = ptr % PAGE
-        ext = self._allocate(round_up(pad + n), pad)
+        length, pad = _pages(ptr, n)
+        ext = self._allocate(length, pad)
         reqs = self._requests(linux_aio.IOCB_CMD_PWRITE, ptr - pad, ext.length, ext.offset)
         try:
             tokens = self._aio.submit(reqs, keep=t)  # t's storage stays alive until written
@@ -592,7 +601,7 @@ class FileMemorySystem(MemorySystem):
         n = h.storage_nbytes
         if n == 0:
             done = Pending()
-            done._finish(self.to_fast(h))
+            done._finish(_empty_tensor(h))
             return done
         if into is not None:
             return self._aio_into(h, ext, into)

@@ -193,16 +193,14 @@ class AioContext:
             self._reap(0, 0.0)
             return all(t in self._results for t in tokens)
 
-    def wait(self, tokens: list[int], timeout: float | None = None, forget: bool = True,
-             spin: float = SPIN_SECONDS) -> list[tuple[int, float]]:
+    def wait(self, tokens: list[int], timeout: float | None = None, forget: bool = True) -> list[tuple[int, float]]:
         """Block until every request in `tokens` has completed; returns (result, time it was
         collected) per token and forgets them (with `forget`; else forget(tokens) does, so
         a caller interrupted before it used them can wait again). Raises TimeoutError after
-        `timeout` seconds. Polls for the first `spin` seconds before it sleeps in the
-        kernel (see SPIN_SECONDS)."""
+        `timeout` seconds. Polls for the first SPIN_SECONDS before it sleeps in the kernel."""
         now = time.perf_counter()
         deadline = None if timeout is None else now + timeout
-        spin_until = now + spin
+        spin_until = now + SPIN_SECONDS
         while True:
             with self._lock:
                 if all(t in self._results for t in tokens):
