@@ -278,3 +278,37 @@ def test_an_output_may_be_written_over_an_input_that_dies_at_its_kernel():
         dataclasses.replace(tp, offsets=by_hand[tp.id]) for tp in p2.tensors))
     with pytest.raises(PlanError, match="arena collision"):
         validate(clash, g2)
+
+
+def test_no_re_solve_goes_under_the_smallest_feasible_budget(monkeypatch):
+    """At the smallest feasible budget no re-solve can follow, so the first solve has the
+    whole time limit; and a defrag cut that would go under it stops there instead (the
+    re-solve then has the most room for a layout that any plan can have)."""
+    import autotm.planner as planner
+    from autotm.planner.ilp import smallest_budget
+
+    sizes = [3072, 8192, 8192, 1024, 8192, 1024, 5120, 7168, 6144]
+    kernels = [([], [0]), ([], [1]), ([], [2]), ([2], [3]), ([0], [4]), ([0, 3], [5]), ([], [6]), ([2, 5], [7]),
+               ([3], [8])]
+    g = make_graph(sizes, kernels, outputs=(8,), roles={8: Role.OUTPUT})
+    cm = cost_model(g, [1e-3] * 9, bw=5e6, latency=1e-5)
+    floor = smallest_budget(g)
+    assert 0 < floor < 20186
+    with pytest.raises(planner.InfeasibleBudget):
+        plan(g, cm, floor - 1, "synchronous")
+    calls = []
+    solve = planner._solve
+
+    def spied(*args, **kwargs):
+        calls.append((args[3], kwargs["time_limit"]))  # (budget solved for, its time limit)
+        return solve(*args, **kwargs)
+    monkeypatch.setattr(planner, "_solve", spied)
+    p = plan(g, cm, floor, "synchronous", mip_gap=1e-6, time_limit=20.0)
+    assert calls == [(floor, 20.0)] and len(p.meta["defrag_history"]) == 1
+    # a cut past the floor (as a plan fragmenting by a third would ask) is cut back to it
+    calls.clear()
+    monkeypatch.setattr(planner, "defrag_cut", lambda cut, limit, *a: limit)
+    p = plan(g, cm, 20186, "synchronous", mip_gap=1e-6, time_limit=20.0)
+    assert [b for b, _ in calls] == [20186, floor]
+    assert p.meta["arena_fits"] and p.meta["solver_budget_bytes"] == floor
+    validate(p, g)

@@ -22,7 +22,7 @@ from ..tiers.base import PAGE
 from .arena import with_arena
 from .baselines import all_fast, first_touch_plan, lru_plan
 from .direct import solve_direct
-from .ilp import InfeasibleBudget, default_min_tensor_bytes, min_tensor_bytes_for, solve_staged
+from .ilp import InfeasibleBudget, default_min_tensor_bytes, min_tensor_bytes_for, smallest_budget, solve_staged
 from .static import all_slow_plan, first_touch_direct_plan, solve_static
 
 FORMULATIONS = ("static", "synchronous", "asynchronous")
@@ -59,7 +59,9 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
             to fragmentation (the worst seen; and 1 % of the budget more; the original
             cut by the overshoot: defrag_cut), up to `defrag_retries` times (the
             original's defrag step); each re-solve starts its search near the plan that
-            did not fit. The ILP's first solve has half of time_limit; once a plan fits
+            did not fit, no lower than the smallest feasible budget. The ILP's first
+            solve has half of time_limit (all of it when even a budget 1 % lower is
+            infeasible: no re-solve can follow); once a plan fits
             short of the gap, what is left (if 20 % or more) goes to one more solve from
             it for the same budget, kept if it fits and is faster (meta["polish"]). If
             no plan fits, the one with the smallest arena is returned with meta["arena_fits"]
@@ -132,6 +134,13 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
     # leaves time for a re-solve, or, when the arena fits, for one more from that plan
     resumable = (formulation in ("synchronous", "asynchronous") and not direct and arena and limit is not None
                  and opts["warm_start"])
+    # the lowest budget a re-solve can have: at the smallest feasible budget (inception_v4
+    # cpu 8:1) no re-solve for less exists, and the half of the limit kept for one went
+    # unused (asynchronous predicted 4.64 s, 31 % fragmentation; 4.00 s, 14 % with it all)
+    floor = (smallest_budget(graph, solver_extra, pinned)
+             if formulation in FORMULATIONS and not direct and arena and limit is not None else None)
+    if floor is not None and budget_bytes - max(1, budget_bytes // 100) < floor:
+        resumable = False  # (nor a polish: the first solve has all of the limit)
     polished = False
     resolves = 0
     while True:
@@ -170,8 +179,10 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
         # densenet264 cpu 8:1's 12 %, 18 %, 19 %; each miss costs a solve)
         worst = max(worst, (p.arena_bytes, p.meta["peak_fast_with_workspace_bytes"]), key=lambda w: w[0] / w[1])
         next_cut = defrag_cut(cut, limit, *worst, budget_bytes)
-        if next_cut >= budget_bytes:
-            break
+        if floor is not None:  # no lower than the smallest feasible budget: the most room for a layout there
+            next_cut = min(next_cut, budget_bytes - floor)
+        if next_cut >= budget_bytes or next_cut < cut + budget_bytes // 100:
+            break  # (a re-solve for less than 1 % less lays out much the same)
         cut = next_cut
         resolves += 1
     fitting = [a for a in attempts if a.meta.get("arena_fits", True)]

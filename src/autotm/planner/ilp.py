@@ -336,6 +336,14 @@ def min_tensor_bytes_for(graph: TrainingGraph, budget: int, extra: np.ndarray | 
     return 0
 
 
+def smallest_budget(graph: TrainingGraph, extra: np.ndarray | None = None,
+                    pinned: frozenset[int] = frozenset()) -> int:
+    """The smallest budget any staged plan fits: minimum_budget with every tensor movable
+    (min_tensor_bytes_for's last resort)."""
+    return minimum_budget(graph, tensor_segments(graph, min_bytes=0, pinned=pinned, pairs=carried_pairs(graph)),
+                          extra)[0]
+
+
 def minimum_budget(graph: TrainingGraph, segs: list[TensorSegments],
                    extra: np.ndarray | None = None) -> tuple[int, int]:
     """(bytes, kernel): the most bytes any kernel must hold in fast memory under staged
