@@ -130,17 +130,16 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
     attempts: list[Plan] = []
     cut = 0  # bytes taken off the budget so that the arena fits
     worst = (0, 1)  # (arena bytes, peak bytes) of the most fragmented layout seen
-    # the staged ILP can resume from a plan (the reference of _solve): its first solve
-    # leaves time for a re-solve, or, when the arena fits, for one more from that plan
-    resumable = (formulation in ("synchronous", "asynchronous") and not direct and arena and limit is not None
-                 and opts["warm_start"])
-    # the lowest budget a re-solve can have: at the smallest feasible budget (inception_v4
-    # cpu 8:1) no re-solve for less exists, and the half of the limit kept for one went
-    # unused (asynchronous predicted 4.64 s, 31 % fragmentation; 4.00 s, 14 % with it all)
-    floor = (smallest_budget(graph, solver_extra, pinned)
-             if formulation in FORMULATIONS and not direct and arena and limit is not None else None)
-    if floor is not None and budget_bytes - max(1, budget_bytes // 100) < floor:
-        resumable = False  # (nor a polish: the first solve has all of the limit)
+    # the staged ILP re-solves for less when its arena does not fit, never under the
+    # smallest feasible budget: at it (inception_v4 cpu 8:1) no re-solve for less exists,
+    # and the half of the limit kept for one went unused (asynchronous predicted 4.64 s,
+    # 31 % fragmentation; 4.00 s, 14 % with it all)
+    staged = formulation in ("synchronous", "asynchronous") and not direct and arena and limit is not None
+    floor = smallest_budget(graph, solver_extra, pinned) if staged else None
+    # it can resume from a plan (the reference of _solve): its first solve leaves time for
+    # a re-solve, or, when the arena fits, for one more from that plan; not where even a
+    # budget 1 % lower is infeasible (nor a polish there: the first solve has all of the limit)
+    resumable = staged and opts["warm_start"] and budget_bytes - max(1, budget_bytes // 100) >= floor
     polished = False
     resolves = 0
     while True:
