@@ -1,5 +1,9 @@
 """The executor on the real cpu+file tier: hand-written plans on every zoo model, bit for bit."""
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from autotm.capture import capture
@@ -178,3 +182,38 @@ def test_state_carried_in_slow_memory_trains_bit_identically(memory):
     carried = sum(m.nbytes for m in rep.moves if m.kind == "carry")
     assert carried > 0 and rep.bytes_to_fast == expected.bytes_to_fast
     assert memory.slow_bytes_in_use() == 0
+
+
+_HEAP_CHILD = r"""
+import ctypes, json, torch
+from autotm.executor import keep_freed_memory, large_blocks_mapped
+class MI(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MI
+def grown(ctx):
+    before = libc.mallinfo2().arena
+    with ctx:
+        ts = [torch.ones(1 << 18) for _ in range(64)]  # 64 blocks of 1 MiB, then freed
+        del ts
+    return libc.mallinfo2().arena - before
+class Kept:
+    def __enter__(self): pass
+    def __exit__(self, *e): pass
+keep_freed_memory()  # as after a session: blocks of any size from the heap
+mapped = grown(large_blocks_mapped())
+print(json.dumps({"mapped": mapped, "kept": grown(Kept())}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and mallinfo2")
+def test_large_blocks_mapped_leaves_nothing_in_the_heap():
+    """What a capture allocates inside large_blocks_mapped does not stay in glibc's heap
+    (which a later session would scatter its allocations over); outside it, with freed
+    memory kept as sessions keep it, the same blocks do."""
+    r = subprocess.run([sys.executable, "-c", _HEAP_CHILD], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads(r.stdout.strip().splitlines()[-1])
+    assert d["kept"] >= 60 << 20, d  # the 64 MiB went into the heap ...
+    assert d["mapped"] < 4 << 20, d  # ... and not inside large_blocks_mapped

@@ -1255,12 +1255,16 @@ def _profile_sim(graph, name, cache, *, recache):
 def capture_real(w, seed: int = 0):
     """Capture workload `w` on real tensors: (graph, model, optimizer, batch, inputs)."""
     from .capture import capture
+    from .executor import large_blocks_mapped
     from .replay import TrainingState
 
     model = w.build_model(seed=seed)
     opt = w.make_optimizer(model.parameters())
     batch = w.make_batch(seed=seed)
-    graph = capture(model, w.loss_fn(), opt, batch, name=w.name)
+    # the capture's tensors are not to stay behind in glibc's heap, where a session run
+    # later in this process would scatter its allocations over them (large_blocks_mapped)
+    with large_blocks_mapped():
+        graph = capture(model, w.loss_fn(), opt, batch, name=w.name)
     inputs = TrainingState(graph, model, opt).inputs(batch)
     return graph, model, opt, batch, inputs
 
