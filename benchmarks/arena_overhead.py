@@ -19,8 +19,8 @@ then `--iterations` timed ones), one after another:
 iteration's tensors, and a later session in the same process would run over that.)
 
 Prints the median seconds of each, arena / heap, the minor page faults per timed
-iteration of each, and glibc's heap before the sessions (its size and free bytes: what
-capture and profiling left in the process). Goal: arena / heap <= 1.05.
+iteration of each, and glibc's heap before the arena session (its size and free bytes:
+what capture and profiling left in the process). Goal: arena / heap <= 1.05.
 
     python benchmarks/arena_overhead.py [--models densenet264,resnet50] [--iterations 5] [--cache FILE]
 """

@@ -195,8 +195,8 @@ def large_blocks_mapped(threshold: int = 64 << 10):
     free (densenet264 at the cpu preset), and a session's later allocations scattered
     over those free chunks, touching new pages where a compact heap reuses the same
     ones. Under a budget the executor then trimmed the heap ~10 times an iteration and
-    its kernels faulted ~170k pages back in: all-fast laid out in the arena ran 15-25 %
-    slower than on the heap, against 2 % after a capture inside this."""
+    its kernels faulted ~170k pages back in: all-fast laid out in the arena ran 1.31x its
+    time on the heap, 1.16-1.19x after a capture inside this (benchmarks/arena_overhead.py)."""
     libc = _libc()
     if libc is not None:
         libc.mallopt(M_MMAP_MAX, 1 << 16)  # (glibc's default; keep_freed_memory sets 0)
