@@ -219,3 +219,39 @@ def test_trim_gives_back_whole_free_huge_pages_from_the_top_and_keeps_live_block
     before = _rss()
     assert arena.trim() == 4 * MIB
     assert before - _rss() >= 3 * MIB
+
+
+def test_trim_counts_no_page_above_the_highest_block_ever_handed_out(arena):
+    assert arena.trim() == 0  # nothing touched yet
+    block = arena.take(0, MIB)
+    block.fill_(1)
+    assert arena.trim() == 0  # its huge page holds a live block
+    del block
+    assert arena.trim() == 2 * MIB  # that one page, not the 14 MiB above it never touched
+
+
+def test_a_pool_serves_large_allocations_lowest_first_and_leaves_small_ones_to_the_heap(arena):
+    x = torch.randn(256, 512)
+    want = x @ x.T
+    with cpu_arena.CpuArena(16 * MIB) as pool:
+        with pool.as_pool(64 << 10):
+            a = torch.empty(MIB, dtype=torch.uint8)
+            b = torch.empty(MIB, dtype=torch.uint8)
+            small = torch.empty(1024, dtype=torch.uint8)
+            assert (pool.offset_of(a), pool.offset_of(b), pool.offset_of(small)) == (0, MIB, -1)
+            del a
+            c = torch.empty(MIB // 2, dtype=torch.uint8)  # the lowest free range: a's
+            assert pool.offset_of(c) == 0
+            assert pool.offset_of(torch.empty(32 * MIB, dtype=torch.uint8)) == -1  # no room: the heap
+            y = x @ x.T  # a kernel's output in the pool
+            assert pool.offset_of(y) >= 0 and torch.equal(y, want)
+            # what an expected slot does not take goes to the pool, the slot's size to the slot
+            arena.expect([(4096, 0, 0)])
+            in_slot = torch.empty(1024)
+            missed = torch.empty(MIB, dtype=torch.uint8)
+            arena.done()
+            assert arena.offset_of(in_slot) == 0 and pool.offset_of(missed) >= 0
+            assert pool.stats()[4] >= 5  # (the process's count of pooled allocations)
+        assert pool.offset_of(torch.empty(MIB, dtype=torch.uint8)) == -1  # outside: the heap
+        del b, c, y, missed
+        assert pool.stats()[0] == 0  # every block given back

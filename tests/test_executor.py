@@ -124,6 +124,8 @@ def test_verification_runs_the_plan_exactly_as_unverified(memory):
         # slot (oneDNN's temporaries of the same size still alive): it varies with timing
         # under load (491,520 vs 557,056 of 455 MB in one CI run), so it is bounded, not equal
         copied = (plain_stats.pop("outputs_copied_bytes"), verified.pop("outputs_copied_bytes"))
+        # (the pool's trims follow the process's RSS, which the eager replays beside it raise)
+        plain_stats.pop("pool_trimmed_bytes"), verified.pop("pool_trimmed_bytes")
         assert plain_stats == verified
         assert max(copied) <= 0.01 * verified["large_outputs_bytes"]
         assert verified["large_outputs_in_arena_bytes"] >= 0.75 * verified["large_outputs_bytes"] > 0

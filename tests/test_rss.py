@@ -39,6 +39,8 @@ def test_peak_rss_is_within_budget_plus_fixed_overhead(bench, case, below_all_fa
            f"{d['baseline_rss'] / MIB:.0f} + slack {bench.SLACK_BYTES / MIB:.0f} MiB")
     assert d["peak_rss"] <= bound, msg
     assert d["peak_fast_bytes"] <= d["budget"]
+    if case.endswith("+arena"):  # what misses the layout went to the allocator's pool, within the bound
+        assert d["arena"]["pooled"] > 0 and d["arena"]["pool_high_bytes"] > 0, d["arena"]
     if below_all_fast:
         # the bound is meaningful: holding the all-fast peak would break it
         assert d["all_fast_peak"] > bound - d["baseline_rss"] + 64 * MIB

@@ -29,11 +29,18 @@ With a plan that has a static layout within the budget (the planner's arena), th
 follows it (tiers/cpu_arena.py): one arena of the layout's size, mapped once; each
 kernel's outputs allocated at their offsets, prefetches read straight into their slots,
 graph inputs copied into theirs, large temporaries of a kernel put in the arena's free
-pages when they fit. RSS then holds the arena plus what misses it, and the heap is
-trimmed only when that passes the same bound (measured on resnet50 at the cpu preset,
-4:1: ~10 trims and 0.3 M page faults per iteration instead of ~60 and 1 M). A layout
-larger than the budget (one the planner could not fit) is followed too, and when RSS
-passes the bound the arena's whole free huge pages are given back with the heap's.
+pages when they fit, and every other allocation of LARGE_BLOCK_BYTES or more served from a
+pool of the allocator's own (first fit from its lowest address, so that its resident pages
+are the high-water mark of what was alive in it at once, whatever glibc's heap looked like
+before). RSS then holds the arena, the pool and small blocks, and is trimmed (glibc's heap,
+then the pool's free huge pages from the top) only when that passes the same bound. With
+those allocations in glibc's heap instead, fragmented by capture and profiling in the
+same process, the executor trimmed ~10 times an iteration and the kernels faulted
+80-200k pages back in (densenet264 at the cpu preset: all-fast in the arena ran 1.16-1.31x
+its time on the heap; with the pool 0.98x, 10 faults an iteration:
+benchmarks/arena_overhead.py). A layout larger than the budget (one the planner could not
+fit) is followed too, and when RSS passes the bound the arena's whole free huge pages are
+given back with the heap's.
 """
 
 from __future__ import annotations
@@ -213,6 +220,14 @@ def trim_heap() -> None:
     if libc is not None:
         libc.malloc_trim(0)
 
+
+def _pool_bytes() -> int:
+    """Address space for the pool of allocations that miss the arena: the machine's memory
+    (reserved, not committed: only the pages used become resident)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 64 << 30
 
 
 RSS_SLACK_BYTES = 64 << 20
@@ -439,6 +454,8 @@ class Executor(Replay):
         self._arena_stats: dict | None = None
         self._arena_over = False  # the plan's layout is larger than the budget (_open_arena)
         self._arena_trimmed = 0  # bytes of its free pages given back (_trim)
+        self.pool: cpu_arena.CpuArena | None = None  # with an arena: what misses it (_open_pool)
+        self._pool_trimmed = 0
         self._rss_floor: int | None = None  # with an arena: RSS without the iteration's tensors
 
         self._expect: list[list[tuple[int, int, int]]] | None = None  # per kernel: (bytes, offset, skip) of its outputs
@@ -513,6 +530,10 @@ class Executor(Replay):
         the budget, as many as `over()` (bytes over the RSS bound, after the heap's trim)
         says, every one without it."""
         trim_heap()
+        if self.pool is not None:
+            need = 0 if over is None else over()
+            if over is None or need > 0:
+                self._pool_trimmed += self.pool.trim(need)
         if self._arena_over and self.arena is not None:
             need = 0 if over is None else over()
             if over is None or need > 0:
@@ -532,6 +553,9 @@ class Executor(Replay):
         if self.arena is not None:
             self.arena.close()
             self.arena = None
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
         self._expect = None
         self._arena_bytes = 0
 
@@ -878,9 +902,13 @@ class Executor(Replay):
                 floor = self._rss_floor = rss() - held
         if self._arena_bytes and self.arena is None:
             self.arena = cpu_arena.CpuArena(self._arena_bytes)
+            self.pool = cpu_arena.CpuArena(_pool_bytes())
         arena_on = self.arena is not None
         counts0 = self.arena.stats() if arena_on else None
-        with _CtrlCBetweenKernels() as ctrl_c:
+        pool_trimmed0 = self._pool_trimmed
+        # (with an arena, the large allocations that miss it go to the pool: cpu_arena.cpp)
+        serving = self.pool.as_pool(LARGE_BLOCK_BYTES) if self.pool is not None else contextlib.nullcontext()
+        with _CtrlCBetweenKernels() as ctrl_c, serving:
             try:
                 self.place_inputs(inputs)
                 if arena_on and isinstance(inputs, dict):
@@ -938,9 +966,11 @@ class Executor(Replay):
                         out[tid] = self.memory.to_fast(self.slow[tid])
                 self.slow = {t: h for t, h in self.slow.items() if t not in self._borrowed}
                 if arena_on:
-                    _live, placed, passed, temps = self.arena.stats()
+                    _live, placed, passed, temps, pooled, _high = self.arena.stats()
                     self._arena_stats = dict(arena_bytes=self.arena.nbytes, over_budget=self._arena_over,
                                              trimmed_bytes=self._arena_trimmed,
+                                             pooled=pooled - counts0[4], pool_high_bytes=self.pool.stats()[5],
+                                             pool_trimmed_bytes=self._pool_trimmed - pool_trimmed0,
                                              outputs_placed=placed - counts0[1], passed=passed - counts0[2],
                                              temporaries_placed=temps - counts0[3], inputs_copied=self.arena_copies,
                                              outputs_copied_bytes=self.arena_settled_bytes,

@@ -70,7 +70,7 @@ class _Loader:
             with _build_lock(_NAME):
                 m = load_inline(_NAME, cpp_sources=_SOURCE.read_text(),
                                 functions=["install", "is_installed", "create", "expect", "allocations", "take",
-                                           "offset_of", "stats", "retire", "watch", "watched_bytes", "trim"],
+                                           "offset_of", "stats", "retire", "watch", "watched_bytes", "trim", "use_pool"],
                                 extra_cflags=["-O2"], verbose=False)
             m.install()
             if not m.is_installed():
@@ -181,10 +181,24 @@ class CpuArena:
         """Where `t`'s storage starts in the arena, or -1."""
         return self._m.offset_of(self.id, t.untyped_storage().data_ptr())
 
-    def stats(self) -> tuple[int, int, int, int]:
+    def stats(self) -> tuple[int, int, int, int, int, int]:
         """(live bytes, allocations placed, allocations passed on while expecting,
-        temporaries placed); the counts are for the process."""
+        temporaries placed, allocations served by a pool, the end of the highest block ever
+        handed out here); the counts are for the process."""
         return tuple(self._m.stats(self.id))
+
+    @contextlib.contextmanager
+    def as_pool(self, min_bytes: int):
+        """While inside: CPU allocations of `min_bytes` or more that no expected slot takes
+        are served from this arena's lowest free range (first fit), not glibc's heap, while
+        it has room. Its resident pages then follow the high-water mark of what is alive in
+        it at once, whatever the process did before (executor.py: what glibc's fragmented
+        heap cost under an RSS bound)."""
+        self._m.use_pool(self.id, int(min_bytes))
+        try:
+            yield self
+        finally:
+            self._m.use_pool(0, 0)
 
     def trim(self, nbytes: int = 0) -> int:
         """Give back whole huge pages of the arena that no live block touches, the highest
