@@ -30,13 +30,12 @@ from __future__ import annotations
 import argparse
 import ctypes
 import dataclasses
-import json
 import resource
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+from _child import ChildFailed, emit, run_child
 
 MODELS = ("densenet264", "inception_v4", "resnet50")
 
@@ -104,7 +103,7 @@ def main() -> None:
     ap.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
-        print("RESULT " + json.dumps(one(*a.one, a.preset, a.iterations, a.cache)), flush=True)
+        emit(one(*a.one, a.preset, a.iterations, a.cache))
         return
     if a.cache is None:
         a.cache = str(Path(tempfile.mkdtemp()) / "profile.sqlite")
@@ -118,19 +117,12 @@ def main() -> None:
     for model in a.models.split(","):
         d = {}
         for session in ("heap", "arena", "heap again"):
-            cmd = [sys.executable, __file__, "--one", model, session.split()[0], "--preset", a.preset,
-                   "--iterations", str(a.iterations), "--cache", a.cache]
             try:
-                r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
-            except subprocess.TimeoutExpired:
-                print(f"{model:<13} {session}: did not finish within {a.timeout:.0f} s", flush=True)
+                d[session] = run_child(__file__, ["--one", model, session.split()[0], "--preset", a.preset,
+                                                  "--iterations", str(a.iterations), "--cache", a.cache], a.timeout)
+            except ChildFailed as e:
+                print(f"{model:<13} {session}: {e}", flush=True)
                 break
-            lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-            if r.returncode != 0 or not lines:
-                print(f"{model:<13} {session}: failed (exit {r.returncode}): "
-                      f"{(r.stderr.strip().splitlines() or ['?'])[-1]}", flush=True)
-                break
-            d[session] = json.loads(lines[-1][7:])
         if len(d) < 3:
             continue
         h, ar, h2 = (d[k] for k in ("heap", "arena", "heap again"))

@@ -18,12 +18,11 @@ are for information, the ratio that matters is all-fast's.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 import time
+
+from _child import ChildFailed, emit, run_child
 
 MODELS = ("vgg19", "vgg416", "resnet50", "resnet200", "inception_v4", "densenet264", "transformer")
 
@@ -102,7 +101,7 @@ def main() -> None:
     a = ap.parse_args()
     plans = a.plans.split(",")
     if a.one:
-        print("RESULT " + json.dumps(one(a.one, a.preset, a.iterations, plans)), flush=True)
+        emit(one(a.one, a.preset, a.iterations, plans))
         return
     print(f"executor (all-fast plan, cpu+file) vs eager PyTorch, {a.preset} preset, median of {a.iterations} "
           f"interleaved iterations after a warm-up (cpu-time ratio: process CPU seconds, less sensitive to other load); torch threads: {os.environ.get('OMP_NUM_THREADS', 'default')}")
@@ -111,19 +110,12 @@ def main() -> None:
     print(head)
     print("-" * len(head))
     for model in a.models.split(","):
-        cmd = [sys.executable, __file__, "--one", model, "--preset", a.preset, "--iterations", str(a.iterations),
-               "--plans", a.plans]
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
-        except subprocess.TimeoutExpired:
-            print(f"{model:<13} did not finish within {a.timeout:.0f} s", flush=True)
+            d = run_child(__file__, ["--one", model, "--preset", a.preset, "--iterations", str(a.iterations),
+                                     "--plans", a.plans], a.timeout)
+        except ChildFailed as e:
+            print(f"{model:<13} {e}", flush=True)
             continue
-        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-        if r.returncode != 0 or not lines:
-            why = "killed (out of memory?)" if r.returncode in (-9, 137) else (r.stderr.strip().splitlines() or ["?"])[-1]
-            print(f"{model:<13} failed (exit {r.returncode}): {why}", flush=True)
-            continue
-        d = json.loads(lines[-1][7:])
         for name, p in d["plans"].items():
             print(f"{model:<13} {str(d['batch']) + ' x ' + str(d['image']):>13} {d['kernels']:>7} {name:<12} "
                   f"{p['eager_s']:>8.3f} {p['executor_s']:>10.3f} {p['ratio']:>6.3f} {p['cpu_ratio']:>14.3f}  "

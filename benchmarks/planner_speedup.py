@@ -35,11 +35,11 @@ close to all-fast the formulation can come on this machine's measured costs.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import subprocess
 import sys
 from pathlib import Path
+
+from _child import ChildFailed, emit, run_child
 
 from autotm.api import run_workload
 from autotm.planner import InfeasibleBudget, plan
@@ -51,7 +51,7 @@ PLANNERS = ("all-fast", "first-touch", "lru", "synchronous", "asynchronous")
 
 
 def _child(args) -> None:
-    """One plan of one model at one ratio, run in this process; prints its figures as JSON."""
+    """One plan of one model at one ratio, run in this process; its figures go to the parent (emit)."""
     model, ratio, planner = args.child
     w = workload(model, args.preset)
     with make_memory_system("cpu+file") as ms:
@@ -61,29 +61,28 @@ def _child(args) -> None:
             p = plan(graph, cm, None if base == "all-fast" else ratio, base, pin_params=args.pin_params,
                      time_limit=args.time_limit)
         except InfeasibleBudget as e:
-            print(json.dumps({"infeasible": e.minimum}))
+            emit({"infeasible": e.minimum})
             return
         r = run_workload(w, graph, cm, p, ms, iterations=args.iterations,
                          trim_memory=False if planner.endswith("*") else None,
                          use_arena=not planner.endswith("-heap"))
-        print(json.dumps({"name": w.name, "measured": r.report.measured_seconds,
-                          "iterations": r.report.iteration_seconds,
-                          "predicted": p.meta["predicted_seconds"], "bound": p.meta.get("bound_seconds"),
-                          "moved": r.report.bytes_to_slow + r.report.bytes_to_fast}))
+        emit({"name": w.name, "measured": r.report.measured_seconds, "iterations": r.report.iteration_seconds,
+              "predicted": p.meta["predicted_seconds"], "bound": p.meta.get("bound_seconds"),
+              "moved": r.report.bytes_to_slow + r.report.bytes_to_fast})
 
 
 def _in_child(args, model: str, ratio: str, planner: str) -> dict:
-    cmd = [sys.executable, __file__, "--child", model, ratio, planner, "--preset", args.preset,
+    cmd = ["--child", model, ratio, planner, "--preset", args.preset,
            "--iterations", str(args.iterations), "--time-limit", str(args.time_limit)]
     if args.cache:
         cmd += ["--cache", args.cache]
     if args.pin_params:
         cmd.append("--pin-params")
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:  # reported, and the run goes on
-        print(f"{model} {ratio} {planner} failed:\n{r.stderr[-3000:]}", file=sys.stderr, flush=True)
-        return {"failed": (r.stderr.strip().splitlines() or ["?"])[-1]}
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    try:
+        return run_child(__file__, cmd)
+    except ChildFailed as e:  # reported, and the run goes on
+        print(f"{model} {ratio} {planner} {e}:\n{e.stderr}", file=sys.stderr, flush=True)
+        return {"failed": str(e)}
 
 
 def main() -> None:

@@ -34,9 +34,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import json
-import subprocess
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # (_child, also when tests/test_rss.py loads this file)
+from _child import emit, run_child  # noqa: E402
 
 SLACK_BYTES = 160 << 20
 """The stated constant: peak RSS <= budget + baseline + SLACK_BYTES (see the module docstring)."""
@@ -118,13 +120,8 @@ def measure(case: str, iterations: int = 3) -> dict:
 
 
 def run_case(case: str, iterations: int = 3, timeout: float = 900) -> dict:
-    """Run one case in a fresh subprocess; returns its measurements."""
-    r = subprocess.run([sys.executable, __file__, "--one", case, "--iterations", str(iterations)],
-                       capture_output=True, text=True, timeout=timeout)
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-    if r.returncode != 0 or not lines:
-        raise RuntimeError(f"case {case} failed (exit {r.returncode}): {r.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    """Run one case in a fresh subprocess; returns its measurements (ChildFailed if it fails)."""
+    return run_child(__file__, ["--one", case, "--iterations", str(iterations)], timeout)
 
 
 def main() -> None:
@@ -134,7 +131,7 @@ def main() -> None:
     ap.add_argument("--one", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
-        print("RESULT " + json.dumps(measure(a.one, a.iterations)), flush=True)
+        emit(measure(a.one, a.iterations))
         return
     mib = 1 << 20
     print(f"cpu+file, budget = the plan's validated peak; {a.iterations} iterations; MiB; "
