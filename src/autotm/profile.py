@@ -194,7 +194,7 @@ def environment(memory_system: str, device: torch.device | None = None,
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "memory_system": memory_system,
-        "method": 10,  # how moves are timed (10: after an untimed round of every size, in a shuffled order; moves of 2 MiB and more from and into touched huge-page memory as the arena's; sizes interleaved; async from its issue to its completion, host time and compute slowdown apart)
+        "method": 11,  # how moves are timed (11: after an untimed round of every size, in a shuffled order; moves of 64 KiB and more from and into page-aligned slots of one touched huge-page arena, as the executor's; sizes interleaved; async from its issue to its completion, host time and compute slowdown apart)
     }
     if async_engine is not None:  # cpu+file: Linux AIO or the I/O thread
         env["async_io"] = async_engine
@@ -661,7 +661,8 @@ def _while_computing(start, a: torch.Tensor, mm_alone: float):
     return result, max(flight, 0.0), (issued - t0) + (t_end - t_poll), slowdown
 
 
-def _host_move_seconds(memory, t: torch.Tensor, load: torch.Tensor, mm_alone: float) -> dict[tuple[str, str], float]:
+def _host_move_seconds(memory, t: torch.Tensor, load: torch.Tensor, mm_alone: float,
+                       slots: "_MoveSlots | None" = None) -> dict[tuple[str, str], float]:
     """Seconds of the four moves of `t` by the host's clock; the async moves' own seconds on
     this thread (mode "host"; the issue is not part of the "async" seconds) and the
     slowdown of the computation they overlapped (mode "slowdown", a ratio, -1: unknown)."""
@@ -672,17 +673,17 @@ def _host_move_seconds(memory, t: torch.Tensor, load: torch.Tensor, mm_alone: fl
     t0 = time.perf_counter()
     h = memory.to_slow(-1, t)
     got[("to_slow", "sync")] = time.perf_counter() - t0
-    into = _read_destination(memory, h)
+    into = _read_destination(memory, h, slots)
     t0 = time.perf_counter()
     back = memory.to_fast(h) if into is None else memory.to_fast(h, into=into)
     got[("to_fast", "sync")] = time.perf_counter() - t0
-    del back
+    del back, into  # (the slot is free again for the async read)
     memory.free_slow(h)
     # async: while this thread computes, as in the executor (the copy competes with
     # the kernel it overlaps for cores and memory bandwidth)
     h, got[("to_slow", "async")], got[("to_slow", HOST)], got[("to_slow", SLOWDOWN)] = _while_computing(
         lambda: memory.start_to_slow(-1, t), load, mm_alone)
-    into = _read_destination(memory, h)
+    into = _read_destination(memory, h, slots)
     back, got[("to_fast", "async")], got[("to_fast", HOST)], got[("to_fast", SLOWDOWN)] = _while_computing(
         lambda: memory.start_to_fast(h) if into is None else memory.start_to_fast(h, into), load, mm_alone)
     del back, into
@@ -690,7 +691,33 @@ def _host_move_seconds(memory, t: torch.Tensor, load: torch.Tensor, mm_alone: fl
     return got
 
 
-def _read_destination(memory, h) -> torch.Tensor | None:
+class _MoveSlots:
+    """Where moves of LARGE_BLOCK_BYTES or more are timed from and into: page-aligned slots
+    of one arena, touched once, on huge pages, as the executor holds such tensors when it
+    follows a plan's layout (tiers/cpu_arena.py). From heap tensors (64-byte aligned, so
+    bounced through the tier's aligned buffers) a 1 MiB sync write took 615 us against
+    274 us from a slot, and the test preset's sync moves were predicted 1.4-1.5x what the
+    executor met; from fresh huge-page memory, 480 us."""
+
+    def __init__(self, largest: int):
+        from .planner.arena import LARGE_BLOCK_BYTES
+
+        self.min_bytes = LARGE_BLOCK_BYTES
+        self.half = -(-(largest + cpu_arena.HUGE_PAGE) // cpu_arena.HUGE_PAGE) * cpu_arena.HUGE_PAGE
+        self.arena = cpu_arena.CpuArena(2 * self.half)
+        whole = self.arena.take(0, 2 * self.half)
+        whole.fill_(1)  # resident, as an executor's arena is after its first iteration
+        del whole
+
+    def take(self, region: int, nbytes: int, length: int | None = None) -> torch.Tensor | None:
+        """A slot at the start of region 0 (a move's source) or 1 (a read's destination)."""
+        return self.arena.take(region * self.half, nbytes, length)
+
+    def close(self) -> None:
+        self.arena.close()
+
+
+def _read_destination(memory, h, slots: _MoveSlots | None = None) -> torch.Tensor | None:
     """Where the executor reads a prefetched tensor when it follows the plan's arena
     (tiers/cpu_arena.py): its slot, touched (on huge pages from 2 MiB). A tier buffer of
     64 MiB is a fresh mapping each time, and faulting its pages in doubled the measured
@@ -700,6 +727,10 @@ def _read_destination(memory, h) -> torch.Tensor | None:
     length, pad = memory.read_span(h)
     if pad:
         return None
+    if slots is not None and h.storage_nbytes >= slots.min_bytes:
+        into = slots.take(1, h.storage_nbytes, length)
+        if into is not None:
+            return into
     return cpu_arena.arena_like(h.storage_nbytes, length, huge_pages=h.storage_nbytes >= cpu_arena.HUGE_PAGE)
 
 
@@ -757,18 +788,24 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
         stats.move_samples_cached += len(keys) * (len(mine) - len(missing))
     load = torch.randn(192, 192)
 
+    # (the executor's layout: moves of LARGE_BLOCK_BYTES or more from and into arena slots)
+    slots = _MoveSlots(max(sizes)) if device_timed is None and missing and cpu_arena.load() is not None else None
+
     def sample(n: int) -> torch.Tensor:
-        """The n bytes a move is timed with. Large ones in memory like the arena's slots: on
-        4 KiB pages direct I/O was 1.5x slower here than on huge pages (tiers/cpu_arena.py,
-        arena_like); small ones from the heap (a fresh huge page per sample made them slower
-        than the executor's, test preset asynchronous plans predicted 70-115 % high)."""
+        """The n bytes a move is timed with: from 64 KiB, in an arena slot (_MoveSlots; without
+        the extension, from 2 MiB in memory like one: arena_like); smaller ones from the heap,
+        where the executor keeps them."""
         t = torch.randint(0, 255, (n,), dtype=torch.uint8)
+        if slots is not None and n >= slots.min_bytes:
+            slot = slots.take(0, n)
+            if slot is not None:
+                return slot.copy_(t)
         if device_timed is None and n >= cpu_arena.HUGE_PAGE:
             t = cpu_arena.arena_like(n).copy_(t)
         return t
 
     def seconds(t: torch.Tensor, mm_alone: float) -> dict:
-        return device_timed(t) if device_timed is not None else _host_move_seconds(memory, t, load, mm_alone)
+        return device_timed(t) if device_timed is not None else _host_move_seconds(memory, t, load, mm_alone, slots)
 
     if missing:
         # warm-up, one untimed round of every size: files, buffers and the I/O worker exist,
@@ -788,6 +825,8 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
             stats.move_samples_measured += len(got)
         if progress is not None:
             progress(f"move {n >> 10} KiB")
+    if slots is not None:
+        slots.close()
     if any((d, m, n, r) not in have for n, r in want for d, m in keys):
         return None, None  # other phases' rounds to come
     return {(d, m): _move_cost([(n, have[(d, m, n, r)]) for n, r in want]) for d, m in keys if m != SLOWDOWN}, \
