@@ -204,7 +204,8 @@ class CpuArena:
         """Give back whole huge pages of the arena that no live block touches, the highest
         first, until at least `nbytes` (all of them if 0); zeroed when touched again.
         Returns the bytes released: pages given back before and not handed out since are
-        skipped (never-touched pages count, as the kernel cannot tell them apart here)."""
+        skipped, and so are pages above the highest block ever handed out (never touched);
+        a never-touched page below it counts, as nothing here tells it apart."""
         return int(self._m.trim(self.id, int(nbytes)))
 
     def close(self) -> None:
