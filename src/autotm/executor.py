@@ -259,20 +259,6 @@ class _RssReader:
     __del__ = close
 
 
-def _inplace_overload(op):
-    """The in-place form of a functional ATen op (aten.relu.default -> aten.relu_.default)
-    taking the same arguments, or None."""
-    try:
-        name = op._schema.name.split("::")[1]
-        packet = getattr(torch.ops.aten, name + "_")
-        cand = getattr(packet, op._overloadname)
-    except (AttributeError, IndexError, RuntimeError):
-        return None
-    want = [(a.name, str(a.type)) for a in op._schema.arguments]
-    got = [(a.name, str(a.type)) for a in cand._schema.arguments]
-    return cand if want == got and cand._schema.arguments and cand._schema.arguments[0].is_write else None
-
-
 def _const(v):
     return lambda: v
 
@@ -615,9 +601,7 @@ class Executor(Replay):
             val = node.meta.get("val")
             if (r is not None and isinstance(val, torch.Tensor) and len(outputs) == 1 and not outputs[0][3]):
                 reuse = (r[0], r[1], r[2], tuple(val.shape), tuple(val.stride()))
-                first = node.args[0] if node.args else None
-                if isinstance(first, fx.Node) and p.node_tensor.get(first) == r[1]:
-                    inplace = _inplace_overload(node.target)
+                inplace = r[5]
             out.append(_CompiledKernel(node.target, comp.args(node.args), comp.kwargs(node.kwargs), outputs,
                                        reuse, tuple(p.free_after[k]), inplace))
         return out

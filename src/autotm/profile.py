@@ -194,7 +194,12 @@ def environment(memory_system: str, device: torch.device | None = None,
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "memory_system": memory_system,
-        "method": 11,  # how moves are timed (11: after an untimed round of every size, in a shuffled order; moves of 64 KiB and more from and into page-aligned slots of one touched huge-page arena, as the executor's; sizes interleaved; async from its issue to its completion, host time and compute slowdown apart)
+        # how things are timed; a new method measures everything again. 11: moves after an
+        # untimed round of every size, sizes shuffled and interleaved, 64 KiB and more from and
+        # into page-aligned slots of one touched huge-page arena (as the executor's), async from
+        # issue to completion, host time and compute slowdown apart. 12: kernels that write a
+        # dying first argument timed in their in-place form, as the executor calls them (relu_)
+        "method": 12,
     }
     if async_engine is not None:  # cpu+file: Linux AIO or the I/O thread
         env["async_io"] = async_engine
