@@ -4,21 +4,23 @@ For each workload (default: a few models at the `test` and `cpu` presets) on a r
 memory system (default `cpu+file`): capture on real tensors, profile, then for each
 hand-written plan (all-fast, evict-all-activations sync, evict-all-activations async)
 predict its iteration time with `autotm.simulate.simulate` and measure it with an
-ExecutorSession (median over the iterations after the first; the evict plans laid out
-in an arena with its size as their budget, as every budgeted plan runs; `--heap`: on
-glibc's heap without a budget). Prints
-|predicted - measured| / measured per case, with the kernel and sync-move parts of both
-and the predicted wake time (kernels slowed after the thread waited idle: CostModel.wake_seconds).
-Target: median <= 5 %, max <= 10 %. Each case ends by running all-fast once more: how
-much the measurement of one plan moved within the case (the machine's drift; not counted
-as a case) is the resolution of the measurements. Then the case is profiled a second time,
-from an empty cache (`--no-reprofile`: not): how far each plan's prediction moved between
-the two profiles, a minute or two apart, is the resolution of the predictions (on this VM
-the disk's speed and the machine's move by 10-40 % within minutes); the errors are those
-of the first profile, the one taken just before the plans ran.
+ExecutorSession (the evict plans laid out in an arena with its size as their budget, as
+every budgeted plan runs; `--heap`: on glibc's heap without a budget). The plans take
+turns in `--rounds` rounds, a session each (its first iteration not measured), so that a
+slow spell of the machine weighs on every plan alike; a plan's measured time is the median
+of its iterations over the rounds. Prints |predicted - measured| / measured per case, with
+the kernel and sync-move parts of both and the predicted wake time (kernels slowed after
+the thread waited idle: CostModel.wake_seconds). Target: median <= 5 %, max <= 10 %.
+
+Two resolutions are printed beside the errors. How far all-fast's median moved between
+rounds is the machine's drift within a case: the measurements' resolution. Then each case
+is profiled a second time, from an empty cache (`--no-reprofile`: not), and each plan
+predicted again: how far two profiles a minute or two apart disagree is the predictions'
+resolution (on this VM the disk's and the machine's speed move by 10-40 % within
+minutes). The errors are those of the first profile, the one taken just before the plans ran.
 
     .venv/bin/python benchmarks/prediction_error.py [--cases test:resnet50,cpu:vgg19]
-        [--iterations 10] [--threads N] [--cache PATH] [--json out.json]
+        [--iterations 10] [--rounds 2] [--no-reprofile] [--threads N] [--cache PATH] [--json out.json]
 """
 
 from __future__ import annotations
@@ -51,7 +53,6 @@ PLANS = {
     "evict-sync": lambda g: evict_all_activations_plan(g, "sync"),
     "evict-async": lambda g: evict_all_activations_plan(g, "async"),
 }
-AGAIN = "all-fast again"  # the first plan once more, last: how far the machine drifted meanwhile
 
 
 def main() -> None:
@@ -60,7 +61,10 @@ def main() -> None:
     ap.add_argument("--memory", default="cpu+file")
     # 10: this disk has slow spells of ~10 s (resnet50 cpu evict-all async: three iterations
     # of 4.5-4.7 s between runs of 3.9 s), which took the median of 5 iterations with them
-    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--iterations", type=int, default=10, help="measured iterations of each plan, over the rounds")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="the plans take turns this many times, each turn a session of its own (its first iteration "
+                         "not measured)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--cache", default=None,
                     help="profile cache file shared by the cases (default: a fresh one per case, so that the "
@@ -98,43 +102,55 @@ def main() -> None:
             del inputs
             # one plan at a time, its session closed before the next starts: sessions in one
             # process share glibc's heap, and one that trims it to hold its RSS bound made
-            # another's next iterations fault their memory in again (vgg19 all-fast at 3x)
-            case_plans = []
-            for plan_name, make in [*PLANS.items(), (AGAIN, PLANS["all-fast"])]:
+            # another's next iterations fault their memory in again (vgg19 all-fast at 3x).
+            # The plans take turns, in `--rounds` rounds: a slow spell of the machine weighs on
+            # every plan alike, not on the one that ran during it.
+            plans = {}
+            for plan_name, make in PLANS.items():
                 plan = make(graph)
-                if not plan_name.startswith("all-fast") and not a.heap:
+                if plan_name != "all-fast" and not a.heap:
                     plan = _in_arena(plan, graph, cm)
-                model = w.build_model()
-                opt = w.make_optimizer(model.parameters())
-                s = ExecutorSession(graph, plan, memory, model, opt)
-                del model, opt
-                try:
-                    for _ in range(a.iterations):
-                        s.step(batch)
-                    sim = simulate(plan, graph, cm)
-                    rep = s.report()
-                    meas = rep.measured_seconds
-                    its = rep.iteration_seconds
-                    i_med = int(np.argsort(its[1:])[len(its[1:]) // 2]) + 1 if len(its) > 1 else 0
-                    ks = s.kernel_seconds[i_med].sum()
-                    sync_meas = sum(m.seconds for m in rep.moves if m.mode == "sync")
-                    err = abs(sim.predicted_seconds - meas) / meas
-                    row = {"workload": w.name, "preset": preset, "plan": plan_name,
-                           "predicted_s": sim.predicted_seconds, "measured_s": meas, "error": err,
-                           "pred_kernels_s": float(sim.kernel_seconds.sum()), "meas_kernels_s": float(ks),
-                           "pred_sync_moves_s": sim.sync_move_seconds, "meas_sync_moves_s": float(sync_meas),
-                           "pred_wake_s": sim.wake_seconds,
-                           "iterations_s": its, "profile_s": t_prof}
-                    rows.append(row)
-                    case_plans.append((row, plan))
-                    print(f"{w.name:36s} {plan_name:12s} pred {sim.predicted_seconds:8.4f}  meas {meas:8.4f}  "
-                          f"err {100 * err:5.1f} %  (kernels {row['pred_kernels_s']:.4f}/{ks:.4f}, "
-                          f"sync moves {sim.sync_move_seconds:.4f}/{sync_meas:.4f}, "
-                          f"wake {sim.wake_seconds:.4f})", flush=True)
-                finally:
-                    s.close()
-                del s
-                gc.collect()
+                plans[plan_name] = plan
+            per_round = max(1, -(-a.iterations // a.rounds))
+            got = {n: [] for n in plans}  # per round: (iteration seconds, kernel seconds, sync move seconds)
+            for _ in range(a.rounds):
+                for plan_name, plan in plans.items():
+                    model = w.build_model()
+                    opt = w.make_optimizer(model.parameters())
+                    s = ExecutorSession(graph, plan, memory, model, opt)
+                    del model, opt
+                    try:
+                        for _ in range(per_round + 1):  # the session's first iteration is not measured
+                            s.step(batch)
+                        rep = s.report()
+                        its = rep.iteration_seconds[1:]
+                        i_med = int(np.argsort(its)[len(its) // 2]) + 1
+                        got[plan_name].append((its, float(s.kernel_seconds[i_med].sum()),
+                                               sum(m.seconds for m in rep.moves if m.mode == "sync")))
+                    finally:
+                        s.close()
+                    del s
+                    gc.collect()
+            case_plans = []
+            for plan_name, plan in plans.items():
+                sim = simulate(plan, graph, cm)
+                its = [t for r in got[plan_name] for t in r[0]]
+                meas = statistics.median(its)
+                ks = statistics.median(r[1] for r in got[plan_name])
+                sync_meas = statistics.median(r[2] for r in got[plan_name])
+                err = abs(sim.predicted_seconds - meas) / meas
+                row = {"workload": w.name, "preset": preset, "plan": plan_name,
+                       "predicted_s": sim.predicted_seconds, "measured_s": meas, "error": err,
+                       "pred_kernels_s": float(sim.kernel_seconds.sum()), "meas_kernels_s": ks,
+                       "pred_sync_moves_s": sim.sync_move_seconds, "meas_sync_moves_s": sync_meas,
+                       "pred_wake_s": sim.wake_seconds, "iterations_s": its, "profile_s": t_prof,
+                       "round_medians_s": [statistics.median(r[0]) for r in got[plan_name]]}
+                rows.append(row)
+                case_plans.append((row, plan))
+                print(f"{w.name:36s} {plan_name:12s} pred {sim.predicted_seconds:8.4f}  meas {meas:8.4f}  "
+                      f"err {100 * err:5.1f} %  (kernels {row['pred_kernels_s']:.4f}/{ks:.4f}, "
+                      f"sync moves {sim.sync_move_seconds:.4f}/{sync_meas:.4f}, wake {sim.wake_seconds:.4f}; "
+                      f"rounds {' '.join(f'{x:.4f}' for x in row['round_medians_s'])})", flush=True)
             if a.reprofile:
                 # the same kernels and moves measured again, from an empty cache, after the plans
                 again = os.path.join(tmp.name, f"{preset}-{name}.again.sqlite")
@@ -152,8 +168,6 @@ def main() -> None:
             gc.collect()
             del graph, batch, cm
             gc.collect()
-    drift = {r["workload"]: r["measured_s"] for r in rows if r["plan"] == AGAIN}
-    rows = [r for r in rows if r["plan"] != AGAIN]
     errs = [r["error"] for r in rows]
     print()
     print(f"{'workload':36s} {'plan':12s} {'predicted s':>12s} {'measured s':>11s} {'error':>7s}")
@@ -161,11 +175,12 @@ def main() -> None:
         print(f"{r['workload']:36s} {r['plan']:12s} {r['predicted_s']:12.4f} {r['measured_s']:11.4f} "
               f"{100 * r['error']:6.1f}%")
     drifts = []
-    for name, again in drift.items():
-        first = next(r["measured_s"] for r in rows if r["workload"] == name and r["plan"] == "all-fast")
-        drifts.append(abs(again - first) / first)
-        print(f"{name:36s} all-fast measured again after the evict plans: {again:.4f} s, "
-              f"{100 * (again - first) / first:+.1f} % (the machine's drift within the case)")
+    for r in rows:
+        m = r["round_medians_s"]
+        if r["plan"] == "all-fast" and len(m) > 1:
+            drifts.append((max(m) - min(m)) / min(m))
+            print(f"{r['workload']:36s} all-fast by round: {' '.join(f'{x:.4f}' for x in m)} s, "
+                  f"{100 * drifts[-1]:.1f} % apart (the machine's drift within the case)")
     if drifts:
         print(f"drift of the same plan within a case: median {100 * statistics.median(drifts):.1f} %, "
               f"max {100 * max(drifts):.1f} % (errors below that are not resolvable in this run)")
