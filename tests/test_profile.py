@@ -11,6 +11,7 @@ import textwrap
 from types import SimpleNamespace
 import warnings
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -266,11 +267,18 @@ def test_move_rounds_are_spread_over_the_profile(tiny, memory, tmp_path):
             executor_overhead=False, **SMALL_MOVES)
     moves = [i for i, w in enumerate(seen) if w.startswith("move ")]
     kernels = [i for i, w in enumerate(seen) if w.startswith("aten.")]
+    window = [[i for i, w in enumerate(seen) if w == f"kernels in situ, window {p}"] for p in range(MOVE_PHASES)]
     rounds = move_rounds(SMALL_MOVES["move_sizes"], SMALL_MOVES["move_repeats"])
-    assert len(moves) == len(rounds) and kernels
-    first = sum(1 for _, r in rounds if r % MOVE_PHASES == 0)
-    assert 0 < first < len(rounds)
-    assert max(moves[:first]) < min(kernels) and min(moves[first:]) > max(kernels)
+    assert len(moves) == len(rounds) and kernels and all(window)
+    # the rounds of phase p, then the kernels' in-situ iterations of window p
+    ends = np.cumsum([sum(1 for _, r in rounds if r % MOVE_PHASES == p) for p in range(MOVE_PHASES)])
+    assert 0 < ends[0] < ends[1] < ends[2] == len(rounds)
+    for p in range(MOVE_PHASES):
+        assert moves[ends[p] - 1] < min(window[p])
+        if p + 1 < MOVE_PHASES:
+            assert max(window[p]) < moves[ends[p]]
+    # estimates final only in the last window: every kernel's samples span the profile
+    assert min(kernels) > moves[-1] and min(kernels) > max(window[1])
 
 
 def test_profile_without_inputs_uses_synthetic_values(tiny, memory, tmp_path):
@@ -308,7 +316,7 @@ CHILD = TINY_SOURCE + textwrap.dedent('''
     print("env", environment_key(environment("cpu+file", None, ms.async_engine)), flush=True)
 
     def progress(done, total, what):
-        if not what.startswith("move"):
+        if what.startswith("aten."):  # a kernel's estimate final (not a move, not an iteration)
             print("kernel", done, total, flush=True)
             time.sleep(0.1)
 
@@ -348,9 +356,8 @@ def test_a_killed_profiler_resumes_without_losing_measurements(tiny, tmp_path, s
     assert len(done) >= 3
     cm, st = profile(g, "cpu+file", path, inputs=inputs, return_stats=True, **SMALL_MOVES)
     assert st.cache_hits == len(done) and st.measured == unique_keys(g) - len(done)
-    # the moves' first phase was done before the kernels; the other phases come after them
-    later = sum(1 for _, r in move_rounds(SMALL_MOVES["move_sizes"], SMALL_MOVES["move_repeats"]) if r % MOVE_PHASES)
-    assert later > 0 and st.move_samples_measured == 8 * later
+    # every move phase was done before the kernels' estimates became final (the last window)
+    assert st.move_samples_measured == 0
     assert all(s > 0 for s in cm.kernel_seconds)
 
 

@@ -13,8 +13,11 @@ Timing rule, in situ (the all-fast time of every kernel, any access model):
   materialized (the executor builds them with closures compiled once; this interpreter's
   per-call materialization is not what it pays). Every occurrence of a signature gives
   one sample; the
-  replay is repeated (up to `MAX_ITERATIONS` iterations, each stopped after the last kernel
-  that still needs samples) until every signature is final (`insitu_done`): at least
+  replay is repeated in three windows, one after each phase of the move rounds (below), so
+  that a signature's samples come from iterations seconds to a minute apart: in the first
+  two until every signature has a sample in the window, in the last (up to
+  `MAX_ITERATIONS` iterations in all, each stopped after the last kernel that still needs
+  samples) until every signature is final (`insitu_done`): at least
   `MIN_SAMPLES` samples and a stable estimate (moved by at most `REL_TOL` by the last
   iteration), or `LONG_KERNEL_S` of samples (a long kernel: the timer's error is
   negligible), or `MAX_SAMPLES`. The estimate (`insitu_estimate`) is the median over
@@ -52,9 +55,9 @@ against the same matmuls alone is how much a copy in flight slows the kernel it 
 Moves: sync and async seconds of `to_slow` and `to_fast` over sizes 4 KiB .. 64 MiB (async
 ones measured while this thread computes, as the kernel they overlap will),
 fitted per direction and mode as latency + bytes / bandwidth (least squares on relative
-error, both coefficients non-negative). Their rounds are taken in three phases (before the
-kernels, after them, after the kernels timed after a move), so that a slow spell of the
-device does not hold every round.
+error, both coefficients non-negative). Their rounds are taken in three phases (each followed by
+a window of the kernels' in-situ iterations; the kernels timed after a move come after
+the second), so that a slow spell of the device does not hold every round.
 
 The executor's own time per kernel and per sync move, beyond the calls timed here, is
 measured once per environment on a calibration graph (`autotm.overhead`) and added.
@@ -100,7 +103,12 @@ MIN_SAMPLES = 3
 MAX_SAMPLES = 15
 REL_TOL = 0.03
 MAX_KERNEL_S = 1.0  # time spent on samples of one kernel placement, at most (after MIN_SAMPLES)
-MAX_ITERATIONS = 4  # in-situ sampling: replay iterations at most
+MAX_ITERATIONS = 4  # in-situ sampling: replay iterations at most (the last window's first ends it)
+# In-situ iterations are taken in one window after each move phase (MOVE_PHASES), estimates
+# final only in the last: a signature's samples come from iterations seconds to a minute
+# apart. From one window (most signatures were final after their first sampled iteration),
+# two profiles of the same graph minutes apart predicted all-fast up to 16-24 % apart
+# (densenet264 and inception_v4 test).
 LONG_KERNEL_S = 0.25  # in-situ sampling: this much sampled time of a kernel is enough
 
 OVERHEAD_PREFIX = "executor:"  # the cache's values of autotm.overhead
@@ -109,7 +117,7 @@ OVERHEAD_PREFIX = "executor:"  # the cache's values of autotm.overhead
 MOVE_SIZES = tuple(4096 * 4 ** i for i in range(8))  # 4 KiB .. 64 MiB
 MOVE_REPEATS = 6
 # The rounds are taken in MOVE_PHASES phases spread over the profile (round r in phase
-# r % MOVE_PHASES): before the kernels, after them, after the kernels timed after a move.
+# r % MOVE_PHASES), each followed by a window of the kernels' in-situ iterations.
 # This disk has slow spells of ~10 s; all rounds in the same 3 s had made resnet50 cpu's
 # sync moves predicted 1.76x their measured time in one run (2.09-3.00 s against 1.70-1.84
 # in four), its other runs' moves measured at 1.0x. A spell in one phase now has two of
@@ -1024,6 +1032,7 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
         workspace = {} if recache else db.workspaces(env)
         pos = None if recache else db.position_samples(env, graph.fingerprint)
         pos_missing = pos is None or len(pos) != len(graph.kernels) or not all(pos)
+        interp = None
         if need or batch_jobs or pos_missing:
             if inputs is None:
                 inputs = synthetic_inputs(graph)
@@ -1041,6 +1050,14 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
             if not pos_missing:
                 interp.position_samples = [list(x) for x in pos]
             op_of = {k.signature: k.op for k in graph.kernels}
+
+        def insitu_window(window: int) -> None:
+            """In-situ iterations of one window (the one after move phase `window`). Before the
+            last, until every signature still needed has a sample in this window; in the last,
+            until each one's estimate is final (insitu_done), each sample kept as its iteration ends."""
+            nonlocal pos, pos_missing
+            final = window == MOVE_PHASES - 1
+            start = {sig: len(samples.get(sig, ())) for sig in need}
             it = 0
             while need or interp.batch_jobs or pos_missing:
                 interp.full = pos_missing
@@ -1051,7 +1068,7 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
                 for sig in sorted(need):
                     xs = samples.get(sig, [])
                     n_it = iters.get(sig, 0)
-                    if insitu_done(xs, before[sig], n_it):
+                    if final and insitu_done(xs, before[sig], n_it):
                         t = insitu_estimate(xs)
                         db.put_final(env, sig, "fast", t, sum(len(g) for g in xs))
                         have[(sig, "fast")] = t
@@ -1067,10 +1084,22 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
                 stats.iterations += 1
                 db.put_position_samples(env, graph.fingerprint, pos)
                 it += 1
+                if progress is not None:  # (an iteration, not a measurement done: the count stays)
+                    progress(done[0], total, f"kernels in situ, window {window}")
+                if not final and not interp.batch_jobs and not pos_missing and (it >= 2 or all(
+                        any(samples.get(sig, [])[start[sig]:]) for sig in need)):
+                    return
                 if it > MAX_ITERATIONS + 2:  # cannot happen while insitu_done caps iterations
                     raise RuntimeError(f"profiling {graph.name}: kernels still unmeasured after {it} iterations: "
                                        f"{sorted(need)[:3]}")
+
+        # the kernels are timed in a window after each move phase, so that a slow spell of
+        # the machine holds one window's samples, not every sample
+        if interp is not None:
+            insitu_window(0)
         move_phase(1)
+        if interp is not None:
+            insitu_window(1)
         wake: tuple[float, ...] = ()
         if wake_on:
             if n_wake and inputs is None:
@@ -1078,6 +1107,9 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
             wake = measure_wakes(graph, memory, db, env, inputs, wake_samples, wake_done, rounds=wake_rounds,
                                  stats=stats, progress=tick)
         moves, slowdown = move_phase(2)
+        if interp is not None:
+            insitu_window(2)
+            del interp
         if overhead_on and overhead is None:
             def calibration_model(g, g_inputs):
                 # this cache and environment; with recache, its kernels timed again, not the moves
