@@ -206,7 +206,8 @@ def environment(memory_system: str, device: torch.device | None = None,
         # untimed round of every size, sizes shuffled and interleaved, 64 KiB and more from and
         # into page-aligned slots of one touched huge-page arena (as the executor's), async from
         # issue to completion, host time and compute slowdown apart. 12: kernels that write a
-        # dying first argument timed in their in-place form, as the executor calls them (relu_)
+        # dying first argument timed in their in-place form, as the executor calls them (relu_),
+        # and every kernel's samples from three windows of the profile
         "method": 12,
     }
     if async_engine is not None:  # cpu+file: Linux AIO or the I/O thread
