@@ -123,12 +123,28 @@ def test_replay_runs_a_cpu_graph_on_another_device(transformer_graph):
 
     g = transformer_graph
     assert any(isinstance(v, torch.device) for n in g.program.kernel_nodes for v in n.kwargs.values())
-    out = Replay(g, device="meta").run(meta_inputs(g))
+
+    class Devices(Replay):  # the device of every kernel output
+        def store_outputs(self, k, out):
+            made.update(v.device.type for v in (out if isinstance(out, (tuple, list)) else (out,))
+                        if isinstance(v, torch.Tensor))
+            super().store_outputs(k, out)
+    made: set[str] = set()
+    out = Devices(g, device="meta").run(meta_inputs(g))
     assert out and all(v.device.type == "meta" for v in out.values())
+    assert made == {"meta"}  # factory ops too
     loss = out[g.program.output_keys["loss"]]
     assert loss.shape == () and loss.dtype == torch.float32
-    with pytest.raises(ReplayError, match="device"):  # as captured, factory ops make CPU tensors
-        Replay(g).run(meta_inputs(g))
+    # as captured, factory ops make CPU tensors (masked_fill's operand here), which a GPU's
+    # kernels then refuse; the meta device lets in-place kernels mix them, so this looks
+    # at the outputs
+    made.clear()
+    Devices(g).run(meta_inputs(g))
+    assert "cpu" in made
+    functional = Replay(g)
+    functional.reuse = [None] * len(functional.reuse)  # no in-place or out= calls
+    with pytest.raises(ReplayError, match="masked_fill.*device"):  # the kernel named
+        functional.run(meta_inputs(g))
 
 
 def test_executor_runs_on_the_memory_systems_fast_device(transformer_graph, tmp_path):
