@@ -821,26 +821,28 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
     def seconds(t: torch.Tensor, mm_alone: float) -> dict:
         return device_timed(t) if device_timed is not None else _host_move_seconds(memory, t, load, mm_alone, slots)
 
-    if missing:
-        # warm-up, one untimed round of every size: files, buffers and the I/O worker exist,
-        # and the slow file's blocks have been written once, as in an executor's iterations
-        # after the first (the first round's moves were the slowest of every size, its 4 KiB
-        # async writes 1-4 ms against 20 us later: likely ext4 converting fallocated blocks)
-        rough = _matmul_seconds(load, repeats=3)
-        for n in sizes:
-            seconds(sample(n), rough)
-        mm_alone = _matmul_seconds(load)
-    for n, r in missing:
-        got = seconds(sample(n), mm_alone)
-        for (d, m), s in got.items():
-            cache.put_move(env, d, m, n, r, s)
-            have[(d, m, n, r)] = s
-        if stats is not None:
-            stats.move_samples_measured += len(got)
-        if progress is not None:
-            progress(f"move {n >> 10} KiB")
-    if slots is not None:
-        slots.close()
+    try:  # (the slots' arena is resident: given back on an interruption too)
+        if missing:
+            # warm-up, one untimed round of every size: files, buffers and the I/O worker exist,
+            # and the slow file's blocks have been written once, as in an executor's iterations
+            # after the first (the first round's moves were the slowest of every size, its 4 KiB
+            # async writes 1-4 ms against 20 us later: likely ext4 converting fallocated blocks)
+            rough = _matmul_seconds(load, repeats=3)
+            for n in sizes:
+                seconds(sample(n), rough)
+            mm_alone = _matmul_seconds(load)
+        for n, r in missing:
+            got = seconds(sample(n), mm_alone)
+            for (d, m), s in got.items():
+                cache.put_move(env, d, m, n, r, s)
+                have[(d, m, n, r)] = s
+            if stats is not None:
+                stats.move_samples_measured += len(got)
+            if progress is not None:
+                progress(f"move {n >> 10} KiB")
+    finally:
+        if slots is not None:
+            slots.close()
     if any((d, m, n, r) not in have for n, r in want for d, m in keys):
         return None, None  # other phases' rounds to come
     return {(d, m): _move_cost([(n, have[(d, m, n, r)]) for n, r in want]) for d, m in keys if m != SLOWDOWN}, \
