@@ -60,7 +60,7 @@ import torch.fx as fx
 from .errors import AutotmError, ReplayError
 from .graph import TrainingGraph
 from .plan import Action, Plan, check_plan_matches
-from .replay import Replay, StepResult, TrainingState, check_batch
+from .replay import OperandBuilder, Replay, StepResult, TrainingState, check_batch
 from .planner.arena import LARGE_BLOCK_BYTES, TEMPORARY_MIN_BYTES
 from .tiers import cpu_arena
 from .tiers.base import PAGE, MemorySystem, SlowHandle
@@ -257,111 +257,6 @@ class _RssReader:
             self.fd = None
 
     __del__ = close
-
-
-def _const(v):
-    return lambda: v
-
-
-class _Compiler:
-    """Turns fx arguments into argument builders, once per executor.
-
-    Replay.materialize walks a kernel's arguments with fx's map_arg on every call; here
-    each argument becomes a closure that fetches a storage's current value (or re-derives
-    a view from it), so a kernel call costs a few Python calls per operand.
-    """
-
-    def __init__(self, program, env: dict, storage_value, device: torch.device | None = None):
-        self.p = program
-        self.env = env
-        self.storage_value = storage_value
-        self.device = device  # not None: a CPU-captured graph runs there (factory ops' device=)
-        self.getters: dict[fx.Node, object] = {}
-
-    def node(self, node: fx.Node):
-        g = self.getters.get(node)
-        if g is not None:
-            return g
-        p = self.p
-        tid = p.node_tensor.get(node)
-        if tid is None:
-            def g():
-                raise ReplayError(f"node {node.name} has no tensor")
-        elif p.base_node.get(tid) is node:
-            env, sv = self.env, self.storage_value
-
-            def g():
-                try:
-                    return env[tid]
-                except KeyError:
-                    return sv(tid)  # slow view (direct access) or a ReplayError naming the tensor
-        else:  # a view: re-derived from the storage's current value on every use
-            target = node.target
-            args, kwargs = self.args(node.args), self.kwargs(node.kwargs)
-            if kwargs is None:
-                def g():
-                    return target(*args())
-            else:
-                def g():
-                    return target(*args(), **kwargs())
-        self.getters[node] = g
-        return g
-
-    def value(self, a):
-        """(dynamic, value or builder) for one argument."""
-        if isinstance(a, fx.Node):
-            return True, self.node(a)
-        if isinstance(a, (list, tuple)):
-            parts = [self.value(x) for x in a]
-            if not any(d for d, _ in parts):
-                return False, a
-            fns = [f if d else _const(f) for d, f in parts]
-            if isinstance(a, list):
-                return True, lambda: [f() for f in fns]
-            return True, lambda: tuple([f() for f in fns])
-        if isinstance(a, (dict, slice)):
-            holder = []
-            fx.node.map_arg(a, holder.append)
-            if holder:
-                return True, lambda: fx.node.map_arg(a, lambda n: self.node(n)())
-        if self.device is not None and isinstance(a, torch.device):
-            return False, self.device
-        return False, a
-
-    def args(self, args: tuple):
-        parts = [self.value(x) for x in args]
-        dyn = [(i, f) for i, (d, f) in enumerate(parts) if d]
-        if not dyn:
-            const = tuple(args)
-            return lambda: const
-        if len(dyn) == len(parts):
-            fns = [f for _, f in dyn]
-            return lambda: [f() for f in fns]
-        base = [f for _, f in parts]
-
-        def build():
-            a = base.copy()
-            for i, f in dyn:
-                a[i] = f()
-            return a
-        return build
-
-    def kwargs(self, kwargs: dict):
-        """None when there are no keyword arguments."""
-        if not kwargs:
-            return None
-        parts = {k: self.value(v) for k, v in kwargs.items()}
-        dyn = [(k, f) for k, (d, f) in parts.items() if d]
-        base = {k: f for k, (_, f) in parts.items()}
-        if not dyn:
-            return lambda: base
-
-        def build():
-            kw = dict(base)
-            for k, f in dyn:
-                kw[k] = f()
-            return kw
-        return build
 
 
 @dataclass(frozen=True)
@@ -591,7 +486,7 @@ class Executor(Replay):
 
     def _compile(self) -> list[_CompiledKernel]:
         p = self.program
-        comp = _Compiler(p, self.env, self.storage_value, self.device)
+        comp = OperandBuilder(p, self.env, self.storage_value, self.device)
         out = []
         for k, node in enumerate(p.kernel_nodes):
             outputs = tuple((tid, i, self.nbytes[tid], self.initial[tid] == "slow") for tid, i in p.kernel_outputs[k])
@@ -755,22 +650,28 @@ class Executor(Replay):
         return placed
 
     def _call_kernel(self, ck: _CompiledKernel, env: dict, k: int):
-        t0 = time.perf_counter()
+        # kernel_times: the call alone, as the profiler times a kernel; building its
+        # operands counts as the executor's work between kernels, as in the profile
         args = ck.args()
+        kwargs = ck.kwargs() if ck.kwargs is not None else None
         r = ck.reuse
         if r is not None and r[1] in env:
             # the output goes into the storage of an input that dies here (in-place update):
             # with the op's in-place form when that input is its first argument (the same
             # kernel as out=, and for some ops, relu among them, several times faster)
+            kw = kwargs if kwargs is not None else {}
             if ck.inplace is not None:
-                out = ck.inplace(*args, **(ck.kwargs() if ck.kwargs is not None else {}))
-            else:
-                dst = env[r[1]].as_strided(r[3], r[4], 0)
-                out = r[0](*args, **(ck.kwargs() if ck.kwargs is not None else {}), **{r[2]: dst})
-        elif ck.kwargs is None:
+                t0 = time.perf_counter()
+                out = ck.inplace(*args, **kw)
+            else:  # (the output's view inside the clock, as the profiler's Replay.call_kernel)
+                t0 = time.perf_counter()
+                out = r[0](*args, **kw, **{r[2]: env[r[1]].as_strided(r[3], r[4], 0)})
+        elif kwargs is None:
+            t0 = time.perf_counter()
             out = ck.target(*args)
         else:
-            out = ck.target(*args, **ck.kwargs())
+            t0 = time.perf_counter()
+            out = ck.target(*args, **kwargs)
         self.kernel_times[k] = time.perf_counter() - t0
         return out
 

@@ -10,10 +10,9 @@ Timing rule, in situ (the all-fast time of every kernel, any access model):
   (lazy initialization, e.g. oneDNN primitives, is not counted), and that occurrence gives
   no sample (the warm-up left its operands in the CPU caches, which the iteration would not);
 - a sample is the time of the replay's own call of the kernel's op, its operands already
-  materialized (the executor builds them with closures compiled once; this interpreter's
-  per-call materialization is not what it pays). Every occurrence of a signature gives
-  one sample; the
-  replay is repeated in three windows, one after each phase of the move rounds (below), so
+  built (with `OperandBuilder`, as the executor builds them; that work goes to the
+  position before, below). Every occurrence of a signature gives one sample; the replay
+  is repeated in three windows, one after each phase of the move rounds (below), so
   that a signature's samples come from iterations seconds to a minute apart: in the first
   two until every signature has a sample in the window, in the last (up to
   `MAX_ITERATIONS` iterations in all, each stopped after the last kernel that still needs
@@ -24,11 +23,11 @@ Timing rule, in situ (the all-fast time of every kernel, any access model):
   iterations of the mean over the signature's occurrences in each iteration: occurrences
   at different places differ systematically (cache state), so they are averaged, and
   repeats (iterations) are reduced by the median.
-- the interpreter's work after kernel k until the next kernel starts (freeing the tensors
-  that die at k: returning large blocks to the OS is not free) depends on the position,
-  not the signature: it is sampled per position in the same iterations (at least one
-  full iteration per graph), cached per graph, and its median is added to
-  ``kernel_seconds[k]``.
+- the interpreter's work after kernel k until the next kernel's call starts (freeing the
+  tensors that die at k: returning large blocks to the OS is not free; building the next
+  kernel's operands, views re-derived) depends on the position, not the signature: it
+  is sampled per position in the same iterations (at least one full iteration per
+  graph), cached per graph, and its median is added to ``kernel_seconds[k]``.
 
 Timing rule, repeated (direct access: each placement of the operands; `time_call`): the
 first call is a warm-up and sets the batch size: a call shorter than `MIN_BATCH_S` (too
@@ -207,8 +206,9 @@ def environment(memory_system: str, device: torch.device | None = None,
         # into page-aligned slots of one touched huge-page arena (as the executor's), async from
         # issue to completion, host time and compute slowdown apart. 12: kernels that write a
         # dying first argument timed in their in-place form, as the executor calls them (relu_),
-        # and every kernel's samples from three windows of the profile
-        "method": 12,
+        # and every kernel's samples from three windows of the profile. 13: building a kernel's
+        # operands (as the executor does) timed into the position before it
+        "method": 13,
     }
     if async_engine is not None:  # cpu+file: Linux AIO or the I/O thread
         env["async_io"] = async_engine
@@ -316,10 +316,11 @@ class ProfilingReplay(Replay):
     """Runs iterations of the graph and times kernels where they run.
 
     - In situ (every access model): each kernel whose signature still needs samples is
-      timed where it runs (the replay's own call of its op, its operands materialized
-      before the clock starts); the first call of a signature in this process is preceded by an untimed
-      warm-up call and gives no sample. `samples[signature]` collects them; the time from
-      the end of kernel k to the start of the next goes to `position_samples[k]`.
+      timed where it runs (the replay's own call of its op, its operands built before the
+      clock starts); the first call of a signature in this process is preceded by an
+      untimed warm-up call and gives no sample. `samples[signature]` collects them; the
+      time from the end of kernel k to the start of the next one's call (its operands
+      built) goes to `position_samples[k]`.
     - Repeated (direct access): `batch_jobs[k]` lists placements timed with `time_call`
       on the real operands the first time kernel k is met (slow operands moved there for
       the timing); `record(k, key, seconds, n)` stores each result.
@@ -342,6 +343,7 @@ class ProfilingReplay(Replay):
         self.warm: set[str] = set()
         self._override: dict[int, torch.Tensor] = {}
         self._open: tuple[int, float] | None = None
+        self._closed: int | None = None  # the position whose sample before_kernel just took
         self.last_needed = len(graph.kernels) - 1
         self.position_samples: list[list[float]] = [[] for _ in graph.kernels]
         self.iteration = -1
@@ -386,9 +388,7 @@ class ProfilingReplay(Replay):
             super().run_kernel(k)
             dt = (t0, _cuda_mark())
         else:
-            # the call alone: the executor builds a kernel's operands with closures compiled
-            # once, this interpreter with fx.node.map_arg per call (several us a kernel:
-            # densenet264 test all-fast, ~55 us kernels, was predicted 10 % slow)
+            # the call alone (its operands' building goes to the position before: operands())
             args, kwargs = self.operands(k)
             t0 = time.perf_counter()
             out = self.call_kernel(k, args, kwargs)
@@ -402,8 +402,9 @@ class ProfilingReplay(Replay):
         groups[-1].append(dt)
 
     def after_kernel(self, k: int) -> None:
-        # from here to the start of the next kernel: the interpreter's work after kernel k
-        # (freeing the tensors that die there), a cost of the position, not the signature
+        # from here to the start of the next kernel's call: the interpreter's work after
+        # kernel k (freeing the tensors that die there, building the next kernel's
+        # operands), a cost of the position, not the signature
         self._open = (k, _cuda_mark() if self.cuda else time.perf_counter())
 
     def _close(self) -> None:
@@ -411,6 +412,21 @@ class ProfilingReplay(Replay):
             k, t0 = self._open
             self.position_samples[k].append((t0, _cuda_mark()) if self.cuda else time.perf_counter() - t0)
             self._open = None
+            self._closed = k
+
+    def operands(self, k: int):
+        # building kernel k's operands (re-deriving its views) is work of the position
+        # before it, between kernel calls; the executor does the same work the same way
+        # (OperandBuilder). Left out of every sample, the executor's kernels measured ~5 %
+        # over their prediction (resnet50 test: threshold_backward 26 us a call, 37 us
+        # with its operands)
+        closed, self._closed = self._closed, None
+        if closed is None or closed != k - 1 or self.cuda:
+            return super().operands(k)
+        t0 = time.perf_counter()
+        out = super().operands(k)
+        self.position_samples[closed][-1] += time.perf_counter() - t0
+        return out
 
     def before_kernel(self, k: int) -> None:
         self._close()
@@ -427,7 +443,7 @@ class ProfilingReplay(Replay):
         try:
             return super().run(inputs, keep)
         except _Enough:
-            self.env = {}
+            self.env.clear()
             return {}
         finally:
             self._close()

@@ -51,25 +51,120 @@ def _layout(v) -> tuple | None:
     return (tuple(v.shape), tuple(v.stride()), v.storage_offset(), v.dtype)
 
 
-def on_device(value, device: torch.device):
-    """`value` (a kernel's args or kwargs) with every torch.device in it replaced by `device`:
-    a graph captured on the CPU creates its tensors (arange, ones, ...) on the device it
-    runs on."""
-    if isinstance(value, torch.device):
-        return device
-    if isinstance(value, dict):
-        return {k: on_device(v, device) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(on_device(v, device) for v in value)
-    return value
-
-
 def run_device(device) -> torch.device | None:
     """The device a replay moves a CPU-captured graph to: None for the CPU (run as captured)."""
     if device is None:
         return None
     device = torch.device(device)
     return None if device.type == "cpu" else device
+
+
+def _const(v):
+    return lambda: v
+
+
+class OperandBuilder:
+    """Turns fx arguments into argument builders, once per interpreter.
+
+    Replay.materialize walks a node's arguments with fx's map_arg on every call; here each
+    argument becomes a closure that fetches a storage's current value from `env` (or
+    re-derives a view from it), so a kernel call costs a few Python calls per operand. The
+    replay, the profiler and the executor build a kernel's operands with it alike: the
+    profiler times that work as the executor does it.
+    """
+
+    def __init__(self, program, env: dict, storage_value, device: torch.device | None = None):
+        self.p = program
+        self.env = env
+        self.storage_value = storage_value
+        self.device = device  # not None: a CPU-captured graph runs there (factory ops' device=)
+        self.getters: dict[fx.Node, object] = {}
+
+    def node(self, node: fx.Node):
+        g = self.getters.get(node)
+        if g is not None:
+            return g
+        p = self.p
+        tid = p.node_tensor.get(node)
+        if tid is None:
+            def g():
+                raise ReplayError(f"node {node.name} has no tensor")
+        elif p.base_node.get(tid) is node:
+            env, sv = self.env, self.storage_value
+
+            def g():
+                try:
+                    return env[tid]
+                except KeyError:
+                    return sv(tid)  # slow view (direct access) or a ReplayError naming the tensor
+        else:  # a view: re-derived from the storage's current value on every use
+            target = node.target
+            args, kwargs = self.args(node.args), self.kwargs(node.kwargs)
+            if kwargs is None:
+                def g():
+                    return target(*args())
+            else:
+                def g():
+                    return target(*args(), **kwargs())
+        self.getters[node] = g
+        return g
+
+    def value(self, a):
+        """(dynamic, value or builder) for one argument."""
+        if isinstance(a, fx.Node):
+            return True, self.node(a)
+        if isinstance(a, (list, tuple)):
+            parts = [self.value(x) for x in a]
+            if not any(d for d, _ in parts):
+                return False, a
+            fns = [f if d else _const(f) for d, f in parts]
+            if isinstance(a, list):
+                return True, lambda: [f() for f in fns]
+            return True, lambda: tuple([f() for f in fns])
+        if isinstance(a, (dict, slice)):
+            holder = []
+            fx.node.map_arg(a, holder.append)
+            if holder:
+                return True, lambda: fx.node.map_arg(a, lambda n: self.node(n)())
+        if self.device is not None and isinstance(a, torch.device):
+            return False, self.device
+        return False, a
+
+    def args(self, args: tuple):
+        parts = [self.value(x) for x in args]
+        dyn = [(i, f) for i, (d, f) in enumerate(parts) if d]
+        if not dyn:
+            const = tuple(args)
+            return lambda: const
+        if len(dyn) == len(parts):
+            fns = [f for _, f in dyn]
+            return lambda: [f() for f in fns]
+        base = [f for _, f in parts]
+
+        def build():
+            a = base.copy()
+            for i, f in dyn:
+                a[i] = f()
+            return a
+        return build
+
+    def kwargs(self, kwargs: dict):
+        """None when there are no keyword arguments."""
+        if not kwargs:
+            return None
+        parts = {k: self.value(v) for k, v in kwargs.items()}
+        dyn = [(k, f) for k, (d, f) in parts.items() if d]
+        base = {k: f for k, (_, f) in parts.items()}
+        if not dyn:
+            return lambda: base
+
+        def build():
+            kw = dict(base)
+            for k, f in dyn:
+                kw[k] = f()
+            return kw
+        return build
+
 
 
 def reuse_table(graph: TrainingGraph) -> list[tuple | None]:
@@ -130,9 +225,10 @@ class Replay:
         self.graph = graph
         self.program = graph.program
         self.device = run_device(device)
-        self.env: dict[int, torch.Tensor] = {}
+        self.env: dict[int, torch.Tensor] = {}  # one dict for the interpreter's life: the builders read it
         self.reuse = reuse_table(graph)
         self.keep: set[int] = set()
+        self._builders: list[tuple] | None = None  # per kernel (args, kwargs or None), on first use
 
     # ---- operands --------------------------------------------------------------------
     def storage_value(self, tid: int) -> torch.Tensor:
@@ -159,14 +255,14 @@ class Replay:
         args, kwargs = self.operands(k)
         self.store_outputs(k, self.call_kernel(k, args, kwargs))
 
-    def operands(self, k: int) -> tuple[tuple, dict]:
-        """Kernel k's args and kwargs, its tensor operands materialized."""
-        node = self.program.kernel_nodes[k]
-        args = fx.node.map_arg(node.args, self.materialize)
-        kwargs = fx.node.map_arg(node.kwargs, self.materialize)
-        if self.device is not None:
-            args, kwargs = on_device(args, self.device), on_device(kwargs, self.device)
-        return args, kwargs
+    def operands(self, k: int) -> tuple[list | tuple, dict]:
+        """Kernel k's args and kwargs, its tensor operands materialized (as the executor
+        builds them: OperandBuilder)."""
+        if self._builders is None:
+            b = OperandBuilder(self.program, self.env, self.storage_value, self.device)
+            self._builders = [(b.args(n.args), b.kwargs(n.kwargs)) for n in self.program.kernel_nodes]
+        args, kwargs = self._builders[k]
+        return args(), (kwargs() if kwargs is not None else {})
 
     def call_kernel(self, k: int, args: tuple, kwargs: dict):
         """Kernel k's op on `args` (its output into a dying input's storage where it can)."""
@@ -211,7 +307,8 @@ class Replay:
         keep = set(keep)
         self.keep = keep
         p = self.program
-        self.env = dict(inputs)
+        self.env.clear()
+        self.env.update(inputs)
         for tid, value in p.constants.items():
             self.env.setdefault(tid, value if self.device is None else value.to(self.device))
         for k in range(len(p.kernel_nodes)):
@@ -223,7 +320,7 @@ class Replay:
                     self.free(tid)
         wanted = set(p.output_keys.values()) | keep
         out = {tid: self.env[tid] for tid in wanted if tid in self.env}
-        self.env = {}
+        self.env.clear()
         return out
 
 
