@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from types import SimpleNamespace
 import warnings
 
@@ -257,6 +258,72 @@ def test_the_executors_overhead_is_measured_once_and_added_to_every_move(tiny, m
     assert st2.nothing_new and not st2.overhead_measured and again == cm
     _, st3 = profile(g, memory, path, inputs=inputs, return_stats=True, recache=True, **SMALL_MOVES)
     assert st3.overhead_measured
+
+
+class ManyViews(nn.Module):
+    """A stack of 96 columns, each a chain of five views: re-deriving them (the stack's
+    operands) takes several times the stack's own call."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(96, 96)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return torch.stack([h[:, i].unsqueeze(0).squeeze(0).unsqueeze(1).squeeze(1) for i in range(96)], 1)
+
+
+def test_building_operands_is_timed_between_kernels_by_the_profiler_and_the_executor(memory, tmp_path):
+    from autotm.capture import capture
+    from autotm.executor import ExecutorSession
+    from autotm.replay import Replay, TrainingState
+
+    torch.manual_seed(0)
+    m = ManyViews()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    batch = (torch.randn(4, 96), torch.tensor([1, 3, 5, 7]))
+    g = capture(m, nn.CrossEntropyLoss(), opt, batch, name="many_views")
+    (k,) = [kern.index for kern in g.kernels if kern.op == "aten.stack.default"]
+    assert k > 0
+
+    # the work itself, as every interpreter builds operands: kernel k's 96 views re-derived
+    class BuildTimes(Replay):
+        seconds: list = []
+
+        def operands(self, j):
+            t0 = time.perf_counter()
+            out = super().operands(j)
+            if j == k:
+                self.seconds.append(time.perf_counter() - t0)
+            return out
+
+    state = TrainingState(g, m, opt)
+    for _ in range(15):
+        BuildTimes(g).run(state.inputs(batch))
+    build = float(np.median(BuildTimes.seconds))
+
+    path = tmp_path / "c.sqlite"
+    cm = profile(g, memory, path, inputs=state.inputs(batch), executor_overhead=False, **SMALL_MOVES)
+    with ProfileCache(path) as db:
+        env = db.environment(environment("cpu+file", None, memory.async_engine))
+        call = db.kernel_times(env)[(g.kernels[k].signature, "fast")]
+        before = float(np.median(db.position_samples(env, g.fingerprint)[k - 1]))
+    # the call's sample holds the stack alone; the building is the position before it's
+    assert call < build / 3
+    assert before > build / 2
+    assert cm.kernel_seconds[k - 1] > build / 2
+
+    # the executor's kernel times are the calls alone too; its iteration holds the building
+    s = ExecutorSession(g, all_fast_plan(g), memory, m, opt)
+    try:
+        for _ in range(8):
+            s.step(batch)
+        per_kernel = np.median(np.stack(s.kernel_seconds[1:]), axis=0)
+        outside = np.median([t - ks.sum() for t, ks in zip(s.iteration_seconds[1:], s.kernel_seconds[1:])])
+    finally:
+        s.close()
+    assert per_kernel[k] < build / 3
+    assert outside > build / 2
 
 
 def test_move_rounds_are_spread_over_the_profile(tiny, memory, tmp_path):

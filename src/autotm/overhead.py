@@ -17,7 +17,8 @@ executor's timed kernel calls (so the kernels' own times, and their wake-up afte
 stay out of it), R the sum of its timed sync moves (each the tier's call and the record
 around it), M the sync evicts and prefetches of S, N the kernels and Q the sum over them of
 the profile's position seconds (the work after each kernel as the profiler's interpreter
-does it, already part of every kernel's profiled time),
+does it, building the next kernel's operands included, as the executor builds them:
+already part of every kernel's profiled time),
 
     kernel_s    = ((T_F - K_F) - Q) / N                          (at least 0)
     sync_move_s = ((T_S - K_S - R_S) - (T_F - K_F)) / M          (at least 0)
