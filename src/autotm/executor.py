@@ -10,9 +10,10 @@ Between iterations, the weights, buffers and optimizer state are carried in the 
 their graph input starts in: an updated value whose input starts slow is written to slow
 memory after the last kernel (a "carry" move, timed as part of the iteration).
 
-Kernels run from argument builders compiled once per executor (no fx map_arg walk per
-call); a pointwise kernel whose input dies at it writes its output into that input's
-storage, as the replay interpreter does (torch.optim's in-place updates).
+Kernels run from argument builders compiled once per executor (replay.OperandBuilder, as
+the replay and the profiler build them); a pointwise kernel whose input dies at it writes
+its output into that input's storage, as the replay interpreter does (torch.optim's
+in-place updates).
 
 Failures: on any exception, KeyboardInterrupt included, the iteration waits for its moves
 in flight and frees every slow copy it made before the exception propagates;
@@ -55,7 +56,6 @@ from typing import Iterable, Mapping
 
 import numpy as np
 import torch
-import torch.fx as fx
 
 from .errors import AutotmError, ReplayError
 from .graph import TrainingGraph
