@@ -513,7 +513,8 @@ class Executor(Replay):
         self.to_slow_bytes = 0
         self.to_fast_bytes = 0
         self.moves: list[MoveRecord] = []
-        self.kernel_times = np.zeros(len(self.graph.kernels))
+        self.kernel_times = np.zeros(len(self.graph.kernels))  # per kernel: its call
+        self.operand_times = np.zeros(len(self.graph.kernels))  # building its operands before
         self._pending: list[tuple[int, Action, object, float]] = []
         self.kept: dict[int, torch.Tensor] = {}  # copies of the kept tensors (_copy_kept)
         self.inspection_seconds = 0.0  # this iteration's time spent making them
@@ -651,28 +652,25 @@ class Executor(Replay):
 
     def _call_kernel(self, ck: _CompiledKernel, env: dict, k: int):
         # kernel_times: the call alone, as the profiler times a kernel; building its
-        # operands counts as the executor's work between kernels, as in the profile
+        # operands (operand_times) is the executor's work between kernels, as in the profile
+        t0 = time.perf_counter()
         args = ck.args()
-        kwargs = ck.kwargs() if ck.kwargs is not None else None
+        kwargs = ck.kwargs() if ck.kwargs is not None else {}
         r = ck.reuse
+        t1 = time.perf_counter()
         if r is not None and r[1] in env:
             # the output goes into the storage of an input that dies here (in-place update):
             # with the op's in-place form when that input is its first argument (the same
             # kernel as out=, and for some ops, relu among them, several times faster)
-            kw = kwargs if kwargs is not None else {}
             if ck.inplace is not None:
-                t0 = time.perf_counter()
-                out = ck.inplace(*args, **kw)
+                out = ck.inplace(*args, **kwargs)
             else:  # (the output's view inside the clock, as the profiler's Replay.call_kernel)
-                t0 = time.perf_counter()
-                out = r[0](*args, **kw, **{r[2]: env[r[1]].as_strided(r[3], r[4], 0)})
-        elif kwargs is None:
-            t0 = time.perf_counter()
-            out = ck.target(*args)
+                out = r[0](*args, **kwargs, **{r[2]: env[r[1]].as_strided(r[3], r[4], 0)})
         else:
-            t0 = time.perf_counter()
             out = ck.target(*args, **kwargs)
-        self.kernel_times[k] = time.perf_counter() - t0
+        t2 = time.perf_counter()
+        self.operand_times[k] = t1 - t0
+        self.kernel_times[k] = t2 - t1
         return out
 
     def after_kernel(self, k: int) -> None:
@@ -966,7 +964,8 @@ class ExecutorSession:
         self.baseline_rss_bytes = rss_bytes()
         self.peak_rss_bytes = 0
         self.iteration_seconds: list[float] = []
-        self.kernel_seconds: list[np.ndarray] = []
+        self.kernel_seconds: list[np.ndarray] = []  # per iteration: each kernel's call
+        self.operand_seconds: list[np.ndarray] = []  # per iteration: building each kernel's operands
         self.losses: list[float] = []
         self.peak_fast_bytes = 0
         self.executor = Executor(graph, plan, memory, budget_bytes=budget_bytes, trim_memory=trim_memory,
@@ -1040,6 +1039,7 @@ class ExecutorSession:
             raise
         self.iteration_seconds.append(seconds)
         self.kernel_seconds.append(self.executor.kernel_times.copy())
+        self.operand_seconds.append(self.executor.operand_times.copy())
         self.peak_fast_bytes = max(self.peak_fast_bytes, self.executor.peak_fast)
         for gi in self.state.steps:
             self.state.steps[gi] += 1

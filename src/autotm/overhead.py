@@ -14,17 +14,21 @@ workspace), then run by the executor with two plans, alternately, iteration afte
 iteration: all-fast (F) and evict-all sync (S), S in its arena as a budgeted plan runs.
 Measured only, nothing predicted: with T the median iteration, K the median sum of the
 executor's timed kernel calls (so the kernels' own times, and their wake-up after a move,
-stay out of it), R the sum of its timed sync moves (each the tier's call and the record
-around it), M the sync evicts and prefetches of S, N the kernels and Q the sum over them of
-the profile's position seconds (the work after each kernel as the profiler's interpreter
-does it, building the next kernel's operands included, as the executor builds them:
-already part of every kernel's profiled time),
+stay out of it), B the sum of its times building the kernels' operands, R the sum of its
+timed sync moves (each the tier's call and the record around it), M the sync evicts and
+prefetches of S, N the kernels and Q the sum over them of the profile's position seconds
+(the work after each kernel as the profiler's interpreter does it, building the next
+kernel's operands included, as the executor builds them: already part of every kernel's
+profiled time),
 
     kernel_s    = ((T_F - K_F) - Q) / N                          (at least 0)
-    sync_move_s = ((T_S - K_S - R_S) - (T_F - K_F)) / M          (at least 0)
+    sync_move_s = ((T_S - K_S - B_S - R_S) - (T_F - K_F - B_F)) / M    (at least 0)
 
 the executor's time outside kernel calls beyond what the profile counts after each kernel,
-and the time outside kernel calls and moves that the moves add over all-fast. The profile
+and the time outside kernel calls, operand building and moves that the moves add over
+all-fast. (Building the operands of a kernel right after a sync move is slower, as the
+kernel is: the profile's wake times, which time both, count it; in sync_move_s it was
+counted twice, ~10 us a move, and the evict plans were over-predicted.) The profile
 adds kernel_s to every kernel and sync_move_s to every sync move, and async_move_s =
 sync_move_s to every async move's seconds on the calling thread ("host"): most of that
 work (the slow copy given back when its tensor dies, the record, the RSS checks with an
@@ -115,6 +119,7 @@ def measure_executor_overhead(memory, cost_model_of) -> ExecutorOverhead:
             sessions[key] = ExecutorSession(graph, plan, memory, model, _optimizer(model))
         wall: dict[str, list[float]] = {k: [] for k in plans}
         kern: dict[str, list[float]] = {k: [] for k in plans}
+        build: dict[str, list[float]] = {k: [] for k in plans}
         recorded: dict[str, list[float]] = {k: [] for k in plans}
         costed: dict[str, int] = {}
         for r in range(WARMUP + ROUNDS):
@@ -123,6 +128,7 @@ def measure_executor_overhead(memory, cost_model_of) -> ExecutorOverhead:
                 if r >= WARMUP:
                     wall[key].append(s.iteration_seconds[-1])
                     kern[key].append(float(s.kernel_seconds[-1].sum()))
+                    build[key].append(float(s.operand_seconds[-1].sum()))
                     sync = [m for m in s.executor.moves if m.mode == "sync"]
                     recorded[key].append(sum(m.seconds for m in sync))
                     costed[key] = sum(m.kind in ("evict", "prefetch") for m in sync)
@@ -132,8 +138,9 @@ def measure_executor_overhead(memory, cost_model_of) -> ExecutorOverhead:
     T = {k: statistics.median(v) for k, v in wall.items()}
     K = {k: statistics.median(v) for k, v in kern.items()}
     R = {k: statistics.median(v) for k, v in recorded.items()}
+    B = {k: statistics.median(v) for k, v in build.items()}
     n = len(graph.kernels)
     kernel_s = max(0.0, (T["F"] - K["F"]) / n - sum(positions) / n)
     m_s = costed["S"]
-    sync_s = max(0.0, ((T["S"] - K["S"] - R["S"]) - (T["F"] - K["F"])) / max(m_s, 1))
+    sync_s = max(0.0, ((T["S"] - K["S"] - B["S"] - R["S"]) - (T["F"] - K["F"] - B["F"])) / max(m_s, 1))
     return ExecutorOverhead(kernel_s, sync_s, sync_s)

@@ -207,7 +207,8 @@ def environment(memory_system: str, device: torch.device | None = None,
         # issue to completion, host time and compute slowdown apart. 12: kernels that write a
         # dying first argument timed in their in-place form, as the executor calls them (relu_),
         # and every kernel's samples from three windows of the profile. 13: building a kernel's
-        # operands (as the executor does) timed into the position before it
+        # operands (as the executor does) timed into the position before it; the executor's
+        # overhead calibrated without operand building in its moves' share
         "method": 13,
     }
     if async_engine is not None:  # cpu+file: Linux AIO or the I/O thread
