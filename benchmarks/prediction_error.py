@@ -21,8 +21,16 @@ minutes). The errors are those of the first profile, the one taken just before t
 a case's resolution is the larger of the two spreads, and the summary counts the errors
 beyond their case's resolution.
 
+`--isolate` runs each session in a fresh process (the case captured again there, its plan
+made from the parent's cost model), as `autotm run` runs one plan a process: by default
+the sessions share the benchmark's process, its heap and allocator state. (In-process,
+all-fast's second round ran slower than its first in 14 of 15 case runs on 37d48e1 and
+34091e2; isolated, in 3 of 5: not the shared process's doing, so in-process stays the
+default, ~10 minutes against ~20.)
+
     .venv/bin/python benchmarks/prediction_error.py [--cases test:resnet50,cpu:vgg19]
-        [--iterations 10] [--rounds 2] [--no-reprofile] [--threads N] [--cache PATH] [--json out.json]
+        [--iterations 10] [--rounds 2] [--no-reprofile] [--isolate] [--threads N] [--cache PATH]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -39,6 +47,9 @@ import time
 import numpy as np
 import torch
 
+from _child import emit, run_child
+
+from autotm.costmodel import CostModel
 from autotm.executor import ExecutorSession
 from autotm.plan import all_fast_plan, evict_all_activations_plan
 from autotm.planner import laid_out
@@ -78,7 +89,14 @@ def main() -> None:
                     help="do not profile each case a second time after its plans (the predictions' spread)")
     ap.add_argument("--heap", action="store_true",
                     help="run the evict plans on glibc's heap, without a budget and its arena layout")
+    ap.add_argument("--isolate", action="store_true",
+                    help="run each session in a fresh process (its own capture, the case's cost model), as "
+                         "`autotm run` runs one plan a process; by default the sessions share this process")
+    ap.add_argument("--child", nargs=4, metavar=("CASE", "PLAN", "COST_MODEL", "ITERATIONS"), help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.child:
+        _child(a)
+        return
     if a.threads:
         torch.set_num_threads(a.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()}")
@@ -115,8 +133,21 @@ def main() -> None:
                 plans[plan_name] = plan
             per_round = max(1, -(-a.iterations // a.rounds))
             got = {n: [] for n in plans}  # per round: (iteration seconds, kernel seconds, sync move seconds)
+            if a.isolate:
+                cm_path = os.path.join(tmp.name, f"{preset}-{name}.costmodel.json")
+                with open(cm_path, "w") as f:
+                    f.write(cm.to_json())
             for _ in range(a.rounds):
                 for plan_name, plan in plans.items():
+                    if a.isolate:
+                        cmd = ["--child", case, plan_name, cm_path, str(per_round), "--memory", a.memory]
+                        cmd += ["--threads", str(a.threads)] if a.threads else []
+                        cmd += ["--heap"] if a.heap else []
+                        r = run_child(__file__, cmd)
+                        if r["fingerprint"] != graph.fingerprint:
+                            raise RuntimeError(f"{case}: the child captured another graph")
+                        got[plan_name].append((r["iterations"], r["kernels"], r["sync_moves"]))
+                        continue
                     model = w.build_model()
                     opt = w.make_optimizer(model.parameters())
                     s = ExecutorSession(graph, plan, memory, model, opt)
@@ -212,6 +243,37 @@ def main() -> None:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=2)
     tmp.cleanup()
+
+
+def _child(a) -> None:
+    """One plan's session in this (fresh) process: the case captured again, its plan made
+    from the parent's cost model; the figures go to the parent (emit)."""
+    case, plan_name, cm_path, iterations = a.child
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    preset, name = case.split(":")
+    w = workload(name, preset)
+    graph, _, _, batch, inputs = capture_real(w)
+    del inputs
+    with open(cm_path) as f:
+        cm = CostModel.from_json(f.read())
+    plan = PLANS[plan_name](graph)
+    if plan_name != "all-fast" and not a.heap:
+        plan = _in_arena(plan, graph, cm)
+    with make_memory_system(a.memory) as memory:
+        model = w.build_model()
+        opt = w.make_optimizer(model.parameters())
+        s = ExecutorSession(graph, plan, memory, model, opt)
+        try:
+            for _ in range(int(iterations) + 1):  # the session's first iteration is not measured
+                s.step(batch)
+            rep = s.report()
+            its = rep.iteration_seconds[1:]
+            i_med = int(np.argsort(its)[len(its) // 2]) + 1
+            emit({"fingerprint": graph.fingerprint, "iterations": its, "kernels": float(s.kernel_seconds[i_med].sum()),
+                  "sync_moves": sum(m.seconds for m in rep.moves if m.mode == "sync")})
+        finally:
+            s.close()
 
 
 def _in_arena(plan, graph, cm):

@@ -95,7 +95,7 @@ class RunReport:
     budget_bytes: int | None
     iterations: int
     iteration_seconds: list[float]
-    kernel_seconds: np.ndarray  # per kernel, median over iterations
+    kernel_seconds: np.ndarray  # per kernel, median over iterations: its call (operand building apart)
     moves: list[MoveRecord]  # of the last iteration
     peak_fast_bytes: int
     bytes_to_slow: int  # per iteration
