@@ -1,14 +1,16 @@
 """The command line: JSON output, one-line errors, --debug tracebacks."""
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 
-def autotm(*args):
-    return subprocess.run([sys.executable, "-m", "autotm.cli", *args], capture_output=True, text=True, timeout=300)
+def autotm(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "autotm.cli", *args], capture_output=True, text=True, timeout=300,
+                          env=env)
 
 
 def test_graph_json_has_the_documented_keys():
@@ -87,7 +89,9 @@ def test_plan_on_hypothetical_hardware_is_labelled_simulated(tmp_path):
         (("plan", "resnet50", "--memory", "floppy", "--budget", "4:1"), "unknown memory system"),
     ],
 )
-def test_plan_and_run_bad_input(args, message):
-    r = autotm(*args)
+def test_plan_and_run_bad_input(args, message, tmp_path):
+    # refused before the capture and the profile: nothing written to the (default) cache
+    r = autotm(*args, env={**os.environ, "AUTOTM_CACHE_DIR": str(tmp_path)})
     assert r.returncode == 2, r.stderr
     assert message in r.stderr and "Traceback" not in r.stderr
+    assert not any(tmp_path.iterdir())

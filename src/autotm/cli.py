@@ -86,6 +86,17 @@ def graph(
 
 
 MEMORY_OPT = typer.Option("cpu+file", "--memory", "-m", help="cpu+file (default), cpu+mmap, cpu+numa, or sim:SPEC (optane, cxl, nvme, pcie-host; optane-xeon, nvme-xeon with a server's compute peak).")
+def _check_budget(budget: str | None, formulation: str) -> None:
+    """A missing or malformed budget is an error before the capture and the profile (a
+    typo in --budget cost a whole profile before)."""
+    from .budget import parse_budget
+
+    if budget is None and formulation != "all-fast":
+        raise ValueError("a budget is needed: --budget 6GB, 512MiB or a slow:fast ratio such as 4:1")
+    if budget is not None:
+        parse_budget(budget, 1)  # a ratio's bytes come later, from the graph's peak
+
+
 BUDGET_OPT = typer.Option(None, "--budget", "-B", help="Fast-memory budget: bytes (6GB, 512MiB) or slow:fast ratio (4:1).")
 FORMULATION_OPT = typer.Option("asynchronous", "--formulation", "-f", help="synchronous, asynchronous (ILP) or a baseline: all-fast, first-touch, lru.")
 CACHE_OPT = typer.Option(None, "--cache", help="Profile cache file (SQLite); default in the user's cache directory.")
@@ -164,8 +175,7 @@ def plan(
     """Profile, then plan one training iteration for a fast-memory budget."""
     from .planner import plan as make_plan
 
-    if budget is None and formulation != "all-fast":
-        raise ValueError("a budget is needed: --budget 6GB, 512MiB or a slow:fast ratio such as 4:1")
+    _check_budget(budget, formulation)
     w, graph, cm = _prepare(model, preset, batch, image, memory, cache)
     with console.status(f"planning ({formulation}) ...", spinner="dots") if not as_json else _null():
         p = make_plan(graph, cm, budget, formulation, **_plan_options(window, time_limit, mip_gap, pin_params))
@@ -220,8 +230,7 @@ def run(
 
     if memory.startswith("sim:"):
         raise ValueError(f"{memory} is hypothetical hardware: use `autotm plan` to simulate it; run needs a real memory system")
-    if budget is None and formulation != "all-fast":
-        raise ValueError("a budget is needed: --budget 6GB, 512MiB or a slow:fast ratio such as 4:1")
+    _check_budget(budget, formulation)
     if iterations < 1:
         raise ValueError("--iterations must be at least 1")
     w, graph, cm = _prepare(model, preset, batch, image, memory, cache)

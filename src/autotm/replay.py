@@ -166,7 +166,6 @@ class OperandBuilder:
         return build
 
 
-
 def reuse_table(graph: TrainingGraph) -> list[tuple | None]:
     """Per kernel: (out overload, tensor id, out argument, shape, stride, in-place overload)
     when its output may be written into the storage of an input that dies at this kernel,
