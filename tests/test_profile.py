@@ -273,9 +273,11 @@ class ManyViews(nn.Module):
         return torch.stack([h[:, i].unsqueeze(0).squeeze(0).unsqueeze(1).squeeze(1) for i in range(96)], 1)
 
 
-def test_building_operands_is_timed_between_kernels_by_the_profiler_and_the_executor(memory, tmp_path):
+@pytest.fixture(scope="module")
+def many_views():
+    """ManyViews captured, its stack kernel's index, and the median time every interpreter
+    takes to build that kernel's operands (its 96 views re-derived)."""
     from autotm.capture import capture
-    from autotm.executor import ExecutorSession
     from autotm.replay import Replay, TrainingState
 
     torch.manual_seed(0)
@@ -286,7 +288,6 @@ def test_building_operands_is_timed_between_kernels_by_the_profiler_and_the_exec
     (k,) = [kern.index for kern in g.kernels if kern.op == "aten.stack.default"]
     assert k > 0
 
-    # the work itself, as every interpreter builds operands: kernel k's 96 views re-derived
     class BuildTimes(Replay):
         seconds: list = []
 
@@ -300,8 +301,15 @@ def test_building_operands_is_timed_between_kernels_by_the_profiler_and_the_exec
     state = TrainingState(g, m, opt)
     for _ in range(15):
         BuildTimes(g).run(state.inputs(batch))
-    build = float(np.median(BuildTimes.seconds))
+    return SimpleNamespace(g=g, m=m, opt=opt, batch=batch, state=state, k=k,
+                           build=float(np.median(BuildTimes.seconds)))
 
+
+def test_building_operands_is_timed_between_kernels_by_the_profiler_and_the_executor(memory, many_views, tmp_path):
+    from autotm.executor import ExecutorSession
+
+    mv = many_views
+    g, m, opt, batch, state, k, build = mv.g, mv.m, mv.opt, mv.batch, mv.state, mv.k, mv.build
     path = tmp_path / "c.sqlite"
     cm = profile(g, memory, path, inputs=state.inputs(batch), executor_overhead=False, **SMALL_MOVES)
     with ProfileCache(path) as db:
@@ -324,6 +332,21 @@ def test_building_operands_is_timed_between_kernels_by_the_profiler_and_the_exec
         s.close()
     assert per_kernel[k] < build / 3
     assert outside > build / 2
+
+
+def test_direct_access_repeats_time_the_call_alone(many_views, tmp_path):
+    # a placement's time is the in-situ call scaled by (repeated placement / repeated
+    # all-fast): repeats that held the operands' building too would dilute the slowdown
+    mv = many_views
+    with make_memory_system("cpu+mmap") as ms:
+        profile(mv.g, ms, tmp_path / "c.sqlite", inputs=mv.state.inputs(mv.batch), executor_overhead=False,
+                **SMALL_MOVES)
+        with ProfileCache(tmp_path / "c.sqlite") as db:
+            times = db.kernel_times(db.environment(environment("cpu+mmap", None, getattr(ms, "async_engine", None))))
+    sig = mv.g.kernels[mv.k].signature
+    repeated = {key: t for (s, key), t in times.items() if s == sig and key.startswith("batch:")}
+    assert "batch:fast" in repeated and len(repeated) == 4  # all-fast and 3 placements of 2 operands
+    assert all(t < mv.build / 3 for t in repeated.values()), (repeated, mv.build)
 
 
 def test_move_rounds_are_spread_over_the_profile(tiny, memory, tmp_path):
@@ -606,3 +629,4 @@ def test_workspace_is_profiled_cached_and_planned_around(memory, tmp_path):
     rep = validate(p, g, reserved_bytes=ws)
     assert (rep.fast_bytes + ws).max() <= p.budget_bytes
     assert p.meta["peak_fast_with_workspace_bytes"] <= p.budget_bytes
+

@@ -10,8 +10,8 @@ Between iterations, the weights, buffers and optimizer state are carried in the 
 their graph input starts in: an updated value whose input starts slow is written to slow
 memory after the last kernel (a "carry" move, timed as part of the iteration).
 
-Kernels run from argument builders compiled once per executor (replay.OperandBuilder, as
-the replay and the profiler build them); a pointwise kernel whose input dies at it writes
+Kernels run from the argument builders the replay compiles once (Replay.operand_builders,
+as the replay and the profiler build operands); a pointwise kernel whose input dies at it writes
 its output into that input's storage, as the replay interpreter does (torch.optim's
 in-place updates).
 
@@ -60,7 +60,7 @@ import torch
 from .errors import AutotmError, ReplayError
 from .graph import TrainingGraph
 from .plan import Action, Plan, check_plan_matches
-from .replay import OperandBuilder, Replay, StepResult, TrainingState, check_batch
+from .replay import Replay, StepResult, TrainingState, check_batch
 from .planner.arena import LARGE_BLOCK_BYTES, TEMPORARY_MIN_BYTES
 from .tiers import cpu_arena
 from .tiers.base import PAGE, MemorySystem, SlowHandle
@@ -486,7 +486,7 @@ class Executor(Replay):
 
     def _compile(self) -> list[_CompiledKernel]:
         p = self.program
-        comp = OperandBuilder(p, self.env, self.storage_value, self.device)
+        builders = self.operand_builders()
         out = []
         for k, node in enumerate(p.kernel_nodes):
             outputs = tuple((tid, i, self.nbytes[tid], self.initial[tid] == "slow") for tid, i in p.kernel_outputs[k])
@@ -497,8 +497,7 @@ class Executor(Replay):
             if (r is not None and isinstance(val, torch.Tensor) and len(outputs) == 1 and not outputs[0][3]):
                 reuse = (r[0], r[1], r[2], tuple(val.shape), tuple(val.stride()))
                 inplace = r[5]
-            out.append(_CompiledKernel(node.target, comp.args(node.args), comp.kwargs(node.kwargs), outputs,
-                                       reuse, tuple(p.free_after[k]), inplace))
+            out.append(_CompiledKernel(node.target, *builders[k], outputs, reuse, tuple(p.free_after[k]), inplace))
         return out
 
     # ---- accounting -------------------------------------------------------------------

@@ -36,9 +36,10 @@ per-call time is the batch time / n. Samples are taken until the median is stabl
 least `MIN_SAMPLES`, then stop as soon as adding a sample moves the median by at most
 `REL_TOL`, or at `MAX_SAMPLES`, or after `MAX_KERNEL_S`. The result is the median. A
 placement's time is the in-situ all-fast time times (repeated placement time / repeated
-all-fast time). For repeated timing, slow input operands are copied to the slow tier and
-read through `slow_view`; slow outputs are written there after the call (as the executor
-does). The calls are functional (`node.target(*args)`), never the replay's in-place reuse
+all-fast time), both repeated times the call alone (its operands built once before the
+repeats, as the in-situ samples leave the building out). For repeated timing, slow input
+operands are copied to the slow tier and read through `slow_view`; slow outputs are
+written there after the call (as the executor does). The calls are functional (`node.target(*args)`), never the replay's in-place reuse
 path, so repeating a kernel changes nothing; the RNG state is restored around warm-up and
 repeated calls so random kernels (dropout) produce the values the replay would.
 
@@ -85,7 +86,6 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
-import torch.fx as fx
 
 from .costmodel import DIRECTIONS, HOST, MOVE_MODES, SLOWDOWN, CostModel, MoveCost, operand_tensors
 from .graph import Role, TrainingGraph
@@ -208,8 +208,9 @@ def environment(memory_system: str, device: torch.device | None = None,
         # dying first argument timed in their in-place form, as the executor calls them (relu_),
         # and every kernel's samples from three windows of the profile. 13: building a kernel's
         # operands (as the executor does) timed into the position before it; the executor's
-        # overhead calibrated without operand building in its moves' share
-        "method": 13,
+        # overhead calibrated without operand building in its moves' share. 14: a placement's
+        # repeated timings (direct access) time the call alone, its operands built once
+        "method": 14,
     }
     if async_engine is not None:  # cpu+file: Linux AIO or the I/O thread
         env["async_io"] = async_engine
@@ -342,7 +343,6 @@ class ProfilingReplay(Replay):
         self.need = need  # signatures that still need in-situ samples
         self.samples = samples
         self.warm: set[str] = set()
-        self._override: dict[int, torch.Tensor] = {}
         self._open: tuple[int, float] | None = None
         self._closed: int | None = None  # the position whose sample before_kernel just took
         self.last_needed = len(graph.kernels) - 1
@@ -350,10 +350,6 @@ class ProfilingReplay(Replay):
         self.iteration = -1
         self._group: dict[str, int] = {}
         self.full = False  # run the whole iteration (position samples are missing)
-
-    def storage_value(self, tid: int) -> torch.Tensor:
-        v = self._override.get(tid)
-        return v if v is not None else super().storage_value(tid)
 
     def run_kernel(self, k: int) -> None:
         jobs = self.batch_jobs.pop(k, None)
@@ -454,14 +450,18 @@ class ProfilingReplay(Replay):
                 _settle(self.position_samples)
 
     def _time_kernel(self, k: int, jobs: list[tuple]) -> None:
-        node = self.program.kernel_nodes[k]
         kern = self.graph.kernels[k]
         operands = operand_tensors(kern.inputs, kern.outputs)
         outputs = set(kern.outputs)
+        target = self.program.kernel_nodes[k].target
+        outs = self.program.kernel_outputs[k]
+        mem = self.memory
+        env = self.env
         rng = torch.get_rng_state()
         try:
             for placement, key in jobs:
                 slow_handles = []
+                fast_values = {}  # the storages a slow placement swaps out of env, put back after
                 try:
                     slow_out = []
                     if placement is not None:
@@ -471,32 +471,31 @@ class ProfilingReplay(Replay):
                             if tid in outputs:
                                 slow_out.append(tid)
                             else:
-                                h = self.memory.to_slow(tid, self.storage_value(tid))
+                                h = mem.to_slow(tid, self.storage_value(tid))
                                 slow_handles.append(h)
-                                view = self.memory.slow_view(h)
+                                view = mem.slow_view(h)
                                 if view is None:
-                                    raise ValueError(f"{self.memory.name} has no direct access to slow memory")
-                                self._override[tid] = view
-                    target = node.target
-                    materialize, map_arg = self.materialize, fx.node.map_arg
-                    outs = self.program.kernel_outputs[k]
-                    mem = self.memory
+                                    raise ValueError(f"{mem.name} has no direct access to slow memory")
+                                fast_values[tid] = env[tid]
+                                env[tid] = view
+                    # the call alone, as the in-situ samples time it: the operands are built
+                    # once (as the interpreter builds them, views over the slow copies; not
+                    # self.operands, which times the building into the position before k)
+                    args, kwargs = Replay.operands(self, k)
 
-                    # as the interpreter runs it: operands materialized (views re-derived
-                    # from their storages), then the ATen call, functional
                     def fn():
-                        out = target(*map_arg(node.args, materialize), **map_arg(node.kwargs, materialize))
+                        out = target(*args, **kwargs)
                         if slow_out:  # the executor writes slow outputs after the kernel
                             for tid, i in outs:
                                 if tid in slow_out:
                                     mem.free_slow(mem.to_slow(tid, out if i is None else out[i]))
                         return out
                     seconds, samples = time_call(fn)
-                    del fn
+                    del fn, args, kwargs
                 finally:
-                    self._override.clear()
+                    env.update(fast_values)
                     for h in slow_handles:
-                        self.memory.free_slow(h)
+                        mem.free_slow(h)
                 self.record(k, key, seconds, samples)
         finally:
             torch.set_rng_state(rng)

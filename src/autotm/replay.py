@@ -66,9 +66,9 @@ def _const(v):
 class OperandBuilder:
     """Turns fx arguments into argument builders, once per interpreter.
 
-    Replay.materialize walks a node's arguments with fx's map_arg on every call; here each
-    argument becomes a closure that fetches a storage's current value from `env` (or
-    re-derives a view from it), so a kernel call costs a few Python calls per operand. The
+    Rather than walking a node's arguments (fx's map_arg) on every call, each argument
+    becomes a closure that fetches a storage's current value from `env` (or re-derives a
+    view from it), so a kernel call costs a few Python calls per operand. The
     replay, the profiler and the executor build a kernel's operands with it alike: the
     profiler times that work as the executor does it.
     """
@@ -237,30 +237,23 @@ class Replay:
             t = self.graph.tensors[tid]
             raise ReplayError(f"tensor {tid} ({t.name}) is not available; was it freed or never provided?") from None
 
-    def materialize(self, node: fx.Node):
-        """The value of an fx node: a storage's own value, or a view re-derived from it."""
-        p = self.program
-        tid = p.node_tensor.get(node)
-        if tid is None:
-            raise ReplayError(f"node {node.name} has no tensor")
-        if p.base_node.get(tid) is node:
-            return self.storage_value(tid)
-        args = fx.node.map_arg(node.args, self.materialize)
-        kwargs = fx.node.map_arg(node.kwargs, self.materialize)
-        return node.target(*args, **kwargs)
-
     # ---- one kernel ------------------------------------------------------------------
     def run_kernel(self, k: int) -> None:
         args, kwargs = self.operands(k)
         self.store_outputs(k, self.call_kernel(k, args, kwargs))
 
-    def operands(self, k: int) -> tuple[list | tuple, dict]:
-        """Kernel k's args and kwargs, its tensor operands materialized (as the executor
-        builds them: OperandBuilder)."""
+    def operand_builders(self) -> list[tuple]:
+        """Per kernel, (args builder, kwargs builder or None): compiled on first use, read
+        `self.env` when called. The replay, the profiler and the executor all use these."""
         if self._builders is None:
             b = OperandBuilder(self.program, self.env, self.storage_value, self.device)
             self._builders = [(b.args(n.args), b.kwargs(n.kwargs)) for n in self.program.kernel_nodes]
-        args, kwargs = self._builders[k]
+        return self._builders
+
+    def operands(self, k: int) -> tuple[list | tuple, dict]:
+        """Kernel k's args and kwargs, its tensor operands materialized (views re-derived
+        from their storages' current values)."""
+        args, kwargs = self.operand_builders()[k]
         return args(), (kwargs() if kwargs is not None else {})
 
     def call_kernel(self, k: int, args: tuple, kwargs: dict):
