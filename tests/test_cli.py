@@ -72,6 +72,20 @@ def test_plan_and_run_json_on_the_real_file_tier(tmp_path):
     assert s["identical"] is True
     assert s["peak_fast_bytes"] <= s["budget_bytes"]
 
+    # a cache filled while the machine ran 8x slower (its pace probe's record scaled so):
+    # reusing it, the CLI says so in one line, with the way out
+    from autotm.pace import PACE_VALUE
+    import sqlite3
+
+    with sqlite3.connect(cache) as db:
+        assert db.execute("UPDATE vals SET value = value * 8 WHERE name = ?", (PACE_VALUE,)).rowcount == 1
+    r = autotm("profile", "resnet50", "--memory", "cpu+file", "--cache", cache, "--json")
+    assert r.returncode == 0, r.stderr
+    (row,) = json.loads(r.stdout)
+    assert row["measured"] == 0 and row["pace_ratio"] > 1.5
+    assert "warning: profile cache" in r.stderr and "slower than now" in r.stderr and "--recache" in r.stderr
+    assert "Traceback" not in r.stderr and "PaceWarning" not in r.stderr
+
 
 def test_plan_on_hypothetical_hardware_is_labelled_simulated(tmp_path):
     r = autotm("plan", "resnet50", "--preset", "test", "--memory", "sim:nvme", "--budget", "1:1",

@@ -630,3 +630,67 @@ def test_workspace_is_profiled_cached_and_planned_around(memory, tmp_path):
     assert (rep.fast_bytes + ws).max() <= p.budget_bytes
     assert p.meta["peak_fast_with_workspace_bytes"] <= p.budget_bytes
 
+
+# ---- the machine's pace: a cache filled on a loaded machine is flagged -----------------------
+
+def _busy(seconds: float) -> list[subprocess.Popen]:
+    """Processes that load every core with torch matmuls (the load a test run or a
+    benchmark beside the profile puts on the machine) for `seconds`."""
+    code = textwrap.dedent(f"""
+        import time, torch
+        a = torch.ones(512, 512)
+        end = time.time() + {seconds}
+        while time.time() < end:
+            torch.mm(a, a)
+    """)
+    import os
+
+    return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(2 * (os.cpu_count() or 1))]
+
+
+def test_a_cache_filled_on_a_loaded_machine_warns_when_reused(tiny, memory, tmp_path):
+    from autotm.pace import PACE_VALUE, PaceWarning, pace_probe_seconds
+
+    g, inputs = tiny
+    path = tmp_path / "c.sqlite"
+    quiet = pace_probe_seconds()
+    busy = _busy(120)
+    try:
+        time.sleep(1.0)  # the load running
+        loaded = pace_probe_seconds()
+        _, st = profile(g, memory, path, inputs=inputs, return_stats=True, executor_overhead=False, **SMALL_MOVES)
+    finally:
+        for p in busy:
+            p.kill()
+        for p in busy:
+            p.wait()
+    assert loaded > 2 * quiet, (loaded, quiet)  # the load is real
+    assert st.pace is not None and st.pace.cached_s is None and not st.nothing_new
+    with ProfileCache(path) as db:
+        env = db.environment(environment("cpu+file", None, memory.async_engine))
+        stored = db.value(env, PACE_VALUE)
+    assert stored == st.pace.now_s and stored > 1.5 * quiet
+
+    # reused on the quiet machine: nothing measured, and the user is told why to distrust it
+    with pytest.warns(PaceWarning, match="slower than now.*--recache"):
+        _, st2 = profile(g, memory, path, inputs=inputs, return_stats=True, executor_overhead=False, **SMALL_MOVES)
+    assert st2.nothing_new and st2.pace.mismatched and st2.pace.ratio > 1.5
+
+    # --recache measures again and the cache takes the pace of now: no warning after it
+    profile(g, memory, path, inputs=inputs, recache=True, executor_overhead=False, **SMALL_MOVES)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PaceWarning)
+        _, st3 = profile(g, memory, path, inputs=inputs, return_stats=True, executor_overhead=False, **SMALL_MOVES)
+    assert st3.nothing_new and not st3.pace.mismatched
+
+
+def test_pace_check_flags_a_ratio_beyond_the_tolerance_either_way():
+    from autotm.pace import PACE_TOLERANCE, PaceCheck
+
+    assert PaceCheck(now_s=0.01, cached_s=None).ratio is None
+    assert not PaceCheck(now_s=0.01, cached_s=None).mismatched
+    assert not PaceCheck(now_s=0.01, cached_s=0.01 * PACE_TOLERANCE * 0.99).mismatched
+    slow_then = PaceCheck(now_s=0.01, cached_s=0.01 * PACE_TOLERANCE * 1.01)
+    assert slow_then.mismatched and "slower than now" in slow_then.describe()
+    fast_then = PaceCheck(now_s=0.01 * PACE_TOLERANCE * 1.01, cached_s=0.01)
+    assert fast_then.mismatched and "faster than now" in fast_then.describe()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from typing import Optional
 
 import typer
@@ -284,9 +285,22 @@ class _null:
         return False
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    # autotm's own warnings (a rebuilt cache, a cache filled at another pace) read as
+    # messages to the user; others (torch's) keep Python's form
+    if category.__module__.startswith("autotm"):
+        err_console.print(f"[yellow]warning:[/yellow] {message}", highlight=False, soft_wrap=True)
+    else:
+        _python_show_warning(message, category, filename, lineno, file, line)
+
+
+_python_show_warning = warnings.showwarning
+
+
 def main() -> None:
     from .errors import AutotmError
 
+    warnings.showwarning = _show_warning
     try:
         app(standalone_mode=False)
     except (AutotmError, ValueError) as e:

@@ -90,6 +90,7 @@ import torch
 from .costmodel import DIRECTIONS, HOST, MOVE_MODES, SLOWDOWN, CostModel, MoveCost, operand_tensors
 from .graph import Role, TrainingGraph
 from .overhead import NAMES as OVERHEAD_NAMES, ExecutorOverhead, measure_executor_overhead
+from .pace import PaceCheck, probe_pace, settle_pace
 from .profile_cache import ProfileCache
 from .replay import Replay
 from .tiers import cpu_arena
@@ -157,6 +158,7 @@ class ProfileStats:
     iterations: int = 0  # in-situ replay iterations run
     simulated_from: str | None = None  # the tier spec of a sim:<spec> cost model
     overhead_measured: bool = False  # the executor's overheads were measured (autotm.overhead)
+    pace: PaceCheck | None = None  # the machine's pace now and when the cache was filled
 
     @property
     def nothing_new(self) -> bool:
@@ -982,6 +984,10 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
         envd = environment(memory.name, device, getattr(memory, "async_engine", None))
         env = db.environment(envd)
         have = {} if recache else db.kernel_times(env)  # recache: measure again, replace the rows
+        # the machine's pace now against when the cached timings were taken (autotm.pace);
+        # a GPU's kernels do not slow with the host's load this probe sees
+        pace = None if device is not None and torch.device(device).type == "cuda" else probe_pace(
+            db, env, recache=recache)
         pending = {} if recache else db.pending(env)
         direct = memory.access == "direct"
         program = graph.program
@@ -1154,6 +1160,9 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
                                         for p, key in needs[k] if p is not None}
         moves = with_overhead(moves, o)
         stats.seconds = time.perf_counter() - t_start
+        if pace is not None:
+            stats.pace = pace
+            settle_pace(db, env, pace, measured_new=not stats.nothing_new)
         cm = CostModel(graph_fingerprint=graph.fingerprint, memory_system=memory.name, access=memory.access,
                        kernel_seconds=kernel_seconds, placement_seconds=placement_seconds, moves=moves,
                        simulated=False, environment=envd,
@@ -1423,6 +1432,8 @@ def profile_command(models: list[str], preset: str | None = None, batch: int | N
             "peak_workspace_bytes": max(cm.workspace_bytes, default=0),
             "copy_interference": dict(cm.copy_interference),
             "cache": stats.cache_path, "message": stats.message(),
+            # how many times slower the machine ran when the cached timings were taken than now
+            "pace_ratio": None if stats.pace is None or stats.pace.ratio is None else round(stats.pace.ratio, 3),
         })
         if stats.cache_rebuilt:
             err.print(f"[yellow]cache rebuilt: {stats.cache_rebuilt}[/yellow]")
