@@ -420,7 +420,7 @@ class ProfilingReplay(Replay):
         # over their prediction (resnet50 test: threshold_backward 26 us a call, 37 us
         # with its operands)
         closed, self._closed = self._closed, None
-        if closed is None or closed != k - 1 or self.cuda:
+        if closed != k - 1 or self.cuda:  # (None: no position sample just taken)
             return super().operands(k)
         t0 = time.perf_counter()
         out = super().operands(k)
