@@ -19,7 +19,9 @@ predicted again: how far two profiles a minute or two apart disagree is the pred
 resolution (on this VM the disk's and the machine's speed move by 10-40 % within
 minutes). The errors are those of the first profile, the one taken just before the plans ran;
 a case's resolution is the larger of the two spreads, and the summary counts the errors
-beyond their case's resolution.
+beyond their case's resolution. Before each session the machine's pace is probed
+(`autotm.pace`: a few ms of matmuls and a copy), so that a round which ran slower can be
+told from a machine which did.
 
 `--isolate` runs each session in a fresh process (the case captured again there, its plan
 made from the parent's cost model), as `autotm run` runs one plan a process: by default
@@ -51,6 +53,7 @@ from _child import emit, run_child
 
 from autotm.costmodel import CostModel
 from autotm.executor import ExecutorSession
+from autotm.pace import pace_probe_seconds
 from autotm.plan import all_fast_plan, evict_all_activations_plan
 from autotm.planner import laid_out
 from autotm.profile import capture_real, profile
@@ -112,7 +115,7 @@ def main() -> None:
             # (one cache for all cases timed the moves once, minutes before the last case ran,
             # and this disk's speed drifts by up to 20 % over minutes)
             cache = a.cache or os.path.join(a.cache_dir or tmp.name, f"{preset}-{name}.sqlite")
-            cm = profile(graph, memory, cache, inputs=inputs)
+            cm, pstats = profile(graph, memory, cache, inputs=inputs, return_stats=True)
             t_prof = time.perf_counter() - t0
             if cm.executor_overhead:
                 o = cm.executor_overhead
@@ -133,12 +136,16 @@ def main() -> None:
                 plans[plan_name] = plan
             per_round = max(1, -(-a.iterations // a.rounds))
             got = {n: [] for n in plans}  # per round: (iteration seconds, kernel seconds, sync move seconds)
+            # the machine's pace (autotm.pace's probe) just before each session: whether a
+            # round ran slower because the machine did
+            paces = {n: [] for n in plans}
             if a.isolate:
                 cm_path = os.path.join(tmp.name, f"{preset}-{name}.costmodel.json")
                 with open(cm_path, "w") as f:
                     f.write(cm.to_json())
             for _ in range(a.rounds):
                 for plan_name, plan in plans.items():
+                    paces[plan_name].append(pace_probe_seconds())
                     if a.isolate:
                         cmd = ["--child", case, plan_name, cm_path, str(per_round), "--memory", a.memory]
                         cmd += ["--threads", str(a.threads)] if a.threads else []
@@ -177,13 +184,16 @@ def main() -> None:
                        "pred_kernels_s": float(sim.kernel_seconds.sum()), "meas_kernels_s": ks,
                        "pred_sync_moves_s": sim.sync_move_seconds, "meas_sync_moves_s": sync_meas,
                        "pred_wake_s": sim.wake_seconds, "iterations_s": its, "profile_s": t_prof,
-                       "round_medians_s": [statistics.median(r[0]) for r in got[plan_name]]}
+                       "round_medians_s": [statistics.median(r[0]) for r in got[plan_name]],
+                       "round_pace_s": paces[plan_name],
+                       "profile_pace_s": pstats.pace.now_s if pstats.pace is not None else None}
                 rows.append(row)
                 case_plans.append((row, plan))
                 print(f"{w.name:36s} {plan_name:12s} pred {sim.predicted_seconds:8.4f}  meas {meas:8.4f}  "
                       f"err {100 * err:5.1f} %  (kernels {row['pred_kernels_s']:.4f}/{ks:.4f}, "
                       f"sync moves {sim.sync_move_seconds:.4f}/{sync_meas:.4f}, wake {sim.wake_seconds:.4f}; "
-                      f"rounds {' '.join(f'{x:.4f}' for x in row['round_medians_s'])})", flush=True)
+                      f"rounds {' '.join(f'{x:.4f}' for x in row['round_medians_s'])}; pace probe "
+                      f"{' '.join(f'{1e3 * x:.2f}' for x in paces[plan_name])} ms)", flush=True)
             if a.reprofile:
                 # the same kernels and moves measured again, from an empty cache, after the plans
                 again = os.path.join(tmp.name, f"{preset}-{name}.again.sqlite")
@@ -214,6 +224,22 @@ def main() -> None:
             drifts.append((max(m) - min(m)) / min(m))
             print(f"{r['workload']:36s} all-fast by round: {' '.join(f'{x:.4f}' for x in m)} s, "
                   f"{100 * drifts[-1]:.1f} % apart (the machine's drift within the case)")
+    # did the rounds that ran slower run on a slower machine? (pace probe before each session)
+    af = [r for r in rows if r["plan"] == "all-fast" and len(r["round_medians_s"]) > 1]
+    if af:
+        slower = [r for r in af if r["round_medians_s"][-1] > r["round_medians_s"][0]]
+        both = [r for r in slower if r["round_pace_s"][-1] > r["round_pace_s"][0]]
+        ratios = [(r["round_medians_s"][-1] / r["round_medians_s"][0], r["round_pace_s"][-1] / r["round_pace_s"][0])
+                  for r in af]
+        print(f"all-fast's last round slower than its first in {len(slower)} of {len(af)} cases, the pace probe "
+              f"before it slower too in {len(both)} of those; (iteration, probe) last/first: "
+              + ", ".join(f"({x:.2f}, {y:.2f})" for x, y in ratios))
+    probes = [x for r in rows for x in r["round_pace_s"]]
+    prof = [r["profile_pace_s"] for r in rows if r["profile_pace_s"] is not None]
+    if probes:
+        print(f"pace probe before the sessions: median {1e3 * statistics.median(probes):.2f} ms, "
+              f"{1e3 * min(probes):.2f}-{1e3 * max(probes):.2f} ms"
+              + (f"; in the profiles: median {1e3 * statistics.median(prof):.2f} ms" if prof else ""))
     if drifts:
         print(f"drift of the same plan within a case: median {100 * statistics.median(drifts):.1f} %, "
               f"max {100 * max(drifts):.1f} % (errors below that are not resolvable in this run)")
