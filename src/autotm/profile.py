@@ -98,6 +98,7 @@ from .tiers import cpu_arena
 log = logging.getLogger("autotm.profile")
 
 # ---- timing rule -------------------------------------------------------------------------
+LOAD_ROWS = 48  # rows of the profiler's 192x192 load matmul run between polls of an async move
 MIN_BATCH_S = 200e-6  # a sample shorter than this is a batch of repeated calls
 MIN_SAMPLES = 3
 MAX_SAMPLES = 15
@@ -211,8 +212,9 @@ def environment(memory_system: str, device: torch.device | None = None,
         # and every kernel's samples from three windows of the profile. 13: building a kernel's
         # operands (as the executor does) timed into the position before it; the executor's
         # overhead calibrated without operand building in its moves' share. 14: a placement's
-        # repeated timings (direct access) time the call alone, its operands built once
-        "method": 14,
+        # repeated timings (direct access) time the call alone, its operands built once. 15:
+        # async moves polled between quarter matmuls (an AIO completion is stamped when polled)
+        "method": 15,
     }
     if async_engine is not None:  # cpu+file: Linux AIO or the I/O thread
         env["async_io"] = async_engine
@@ -667,28 +669,40 @@ def _fit_move(points: list[tuple[int, float]]) -> MoveCost:
 
 
 def _while_computing(start, a: torch.Tensor, mm_alone: float):
-    """Issue an async move (`start()` returns its Pending) and run small matmuls (a @ a)
-    on this thread until it is done, as the executor runs a kernel over it. Returns its
-    result, its seconds in flight (from the end of the issue to its completion: the worker
-    stamps finished_at, AIO the moment the completion was collected, so not rounded up to
-    the next matmul's end), its seconds on this thread (the issue call, plus the call that
-    saw it done and the wait that built its result), and how much slower the matmuls ran
+    """Issue an async move (`start()` returns its Pending) and run small matmuls (a block of
+    LOAD_ROWS rows of a @ a) on this thread until it is done, as the executor runs a kernel
+    over it. Returns its result, its seconds in flight (from the end of the issue to its
+    completion: the worker stamps finished_at; AIO stamps the moment this thread collected
+    the completion, at the poll after a block, so the blocks are short, ~25-40 us here, and
+    the completion is taken at the midpoint between the last two polls; the poll after whole
+    192x192 matmuls, 80-140 us, had timed a 64 KiB write 120-180 us, against ~32 us polled
+    without computing), its seconds on this thread (the issue call, plus the call that
+    saw it done and the wait that built its result), and how much slower the blocks ran
     than `mm_alone` seconds each (-1 when fewer than 3 ran: too short to tell)."""
+    block = a[:LOAD_ROWS]
     t0 = time.perf_counter()
     pending = start()
     issued = time.perf_counter()
     n, busy = 0, 0.0
+    seen_running = issued  # the last poll that found the move still in flight
     while True:
         t_poll = time.perf_counter()
         if pending.done():
             break
-        torch.mm(a, a)
-        busy += time.perf_counter() - t_poll
+        seen_running = t_poll
+        t_mm = time.perf_counter()
+        torch.mm(block, a)
+        busy += time.perf_counter() - t_mm
         n += 1
     result = pending.wait()
     t_end = time.perf_counter()
     end = getattr(pending, "finished_at", None)
-    flight = (end if end is not None else t_end) - issued
+    end = t_end if end is None else end
+    if end >= t_poll:
+        # stamped when collected (AIO), not when done: it finished between the last two
+        # polls, at their midpoint on average
+        end = (seen_running + t_poll) / 2
+    flight = end - issued
     slowdown = busy / n / mm_alone - 1.0 if n >= 3 else -1.0
     return result, max(flight, 0.0), (issued - t0) + (t_end - t_poll), slowdown
 
@@ -767,12 +781,14 @@ def _read_destination(memory, h, slots: _MoveSlots | None = None) -> torch.Tenso
 
 
 def _matmul_seconds(a: torch.Tensor, repeats: int = 30) -> float:
-    """Median seconds of a @ a on this thread with nothing else running."""
-    torch.mm(a, a)
+    """Median seconds of one block of the load (LOAD_ROWS rows of a @ a, as _while_computing
+    runs it) on this thread with nothing else running."""
+    block = a[:LOAD_ROWS]
+    torch.mm(block, a)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        torch.mm(a, a)
+        torch.mm(block, a)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -818,7 +834,7 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
     missing = [(n, r) for n, r in mine if any((d, m, n, r) not in have for d, m in keys)]
     if stats is not None:
         stats.move_samples_cached += len(keys) * (len(mine) - len(missing))
-    load = torch.randn(192, 192)
+    load = torch.randn(192, 192)  # computed in blocks of LOAD_ROWS rows while a move is in flight
 
     # (the executor's layout: moves of LARGE_BLOCK_BYTES or more from and into arena slots)
     slots = _MoveSlots(max(sizes)) if device_timed is None and missing and cpu_arena.load() is not None else None
