@@ -155,21 +155,7 @@ def main() -> None:
                             raise RuntimeError(f"{case}: the child captured another graph")
                         got[plan_name].append((r["iterations"], r["kernels"], r["sync_moves"]))
                         continue
-                    model = w.build_model()
-                    opt = w.make_optimizer(model.parameters())
-                    s = ExecutorSession(graph, plan, memory, model, opt)
-                    del model, opt
-                    try:
-                        for _ in range(per_round + 1):  # the session's first iteration is not measured
-                            s.step(batch)
-                        rep = s.report()
-                        its = rep.iteration_seconds[1:]
-                        i_med = int(np.argsort(its)[len(its) // 2]) + 1
-                        got[plan_name].append((its, float(s.kernel_seconds[i_med].sum()),
-                                               sum(m.seconds for m in rep.moves if m.mode == "sync")))
-                    finally:
-                        s.close()
-                    del s
+                    got[plan_name].append(_session(w, graph, plan, memory, batch, per_round))
                     gc.collect()
             case_plans = []
             for plan_name, plan in plans.items():
@@ -287,19 +273,26 @@ def _child(a) -> None:
     if plan_name != "all-fast" and not a.heap:
         plan = _in_arena(plan, graph, cm)
     with make_memory_system(a.memory) as memory:
-        model = w.build_model()
-        opt = w.make_optimizer(model.parameters())
-        s = ExecutorSession(graph, plan, memory, model, opt)
-        try:
-            for _ in range(int(iterations) + 1):  # the session's first iteration is not measured
-                s.step(batch)
-            rep = s.report()
-            its = rep.iteration_seconds[1:]
-            i_med = int(np.argsort(its)[len(its) // 2]) + 1
-            emit({"fingerprint": graph.fingerprint, "iterations": its, "kernels": float(s.kernel_seconds[i_med].sum()),
-                  "sync_moves": sum(m.seconds for m in rep.moves if m.mode == "sync")})
-        finally:
-            s.close()
+        its, kernels, sync_moves = _session(w, graph, plan, memory, batch, int(iterations))
+    emit({"fingerprint": graph.fingerprint, "iterations": its, "kernels": kernels, "sync_moves": sync_moves})
+
+
+def _session(w, graph, plan, memory, batch, iterations: int) -> tuple[list[float], float, float]:
+    """One plan's session of `iterations` measured iterations (after one that is not):
+    (iteration seconds, kernel seconds of the median iteration, sync move seconds)."""
+    model = w.build_model()
+    opt = w.make_optimizer(model.parameters())
+    s = ExecutorSession(graph, plan, memory, model, opt)
+    del model, opt
+    try:
+        for _ in range(iterations + 1):
+            s.step(batch)
+        rep = s.report()
+        its = rep.iteration_seconds[1:]
+        i_med = int(np.argsort(its)[len(its) // 2]) + 1
+        return its, float(s.kernel_seconds[i_med].sum()), sum(m.seconds for m in rep.moves if m.mode == "sync")
+    finally:
+        s.close()
 
 
 def _in_arena(plan, graph, cm):

@@ -87,17 +87,6 @@ def graph(
 
 
 MEMORY_OPT = typer.Option("cpu+file", "--memory", "-m", help="cpu+file (default), cpu+mmap, cpu+numa, or sim:SPEC (optane, cxl, nvme, pcie-host; optane-xeon, nvme-xeon with a server's compute peak).")
-def _check_budget(budget: str | None, formulation: str) -> None:
-    """A missing or malformed budget is an error before the capture and the profile (a
-    typo in --budget cost a whole profile before)."""
-    from .budget import parse_budget
-
-    if budget is None and formulation != "all-fast":
-        raise ValueError("a budget is needed: --budget 6GB, 512MiB or a slow:fast ratio such as 4:1")
-    if budget is not None:
-        parse_budget(budget, 1)  # a ratio's bytes come later, from the graph's peak
-
-
 BUDGET_OPT = typer.Option(None, "--budget", "-B", help="Fast-memory budget: bytes (6GB, 512MiB) or slow:fast ratio (4:1).")
 FORMULATION_OPT = typer.Option("asynchronous", "--formulation", "-f", help="synchronous, asynchronous (ILP) or a baseline: all-fast, first-touch, lru.")
 CACHE_OPT = typer.Option(None, "--cache", help="Profile cache file (SQLite); default in the user's cache directory.")
@@ -138,6 +127,17 @@ def _prepare(model, preset, batch, image, memory, cache):
     with console.status(f"capturing and profiling {w.name} on {memory} ...", spinner="dots"):
         graph, cm, _ = profile_workload(w, memory, cache)
     return w, graph, cm
+
+
+def _check_budget(budget: str | None, formulation: str) -> None:
+    """A missing or malformed budget is an error before the capture and the profile (a
+    typo in --budget cost a whole profile before)."""
+    from .budget import parse_budget
+
+    if budget is None and formulation != "all-fast":
+        raise ValueError("a budget is needed: --budget 6GB, 512MiB or a slow:fast ratio such as 4:1")
+    if budget is not None:
+        parse_budget(budget, 1)  # a ratio's bytes come later, from the graph's peak
 
 
 def _plan_summary(p) -> dict:
