@@ -105,6 +105,34 @@ def test_two_async_copies_at_one_kernel_add_up():
     assert sim.predicted_seconds == pytest.approx(17.0 + 0.8)
 
 
+def test_copies_at_one_kernel_overlap_as_far_as_a_measured_pair_did():
+    # t1 (400 B: 4 s alone) and t2 (200 B: 2 s) evicted async together at k3 (4 s)
+    g = make_graph([8, 400, 200, 4, 4, 4],
+                   [([0], [1]), ([0], [2]), ([0], [3]), ([3], [4]), ([1, 2, 4], [5])], outputs=(5,))
+    plan = plan_with(g, {1: [Action("evict", 3, "async"), Action("prefetch", 4, "sync")],
+                         2: [Action("evict", 3, "async"), Action("prefetch", 4, "sync")]})
+
+    def with_pair(points):
+        moves = dict(MOVES)
+        if points is not None:
+            moves[("to_slow", "pair")] = MoveCost(0.0, 100.0, points)
+        return CostModel(g.fingerprint, "hand", "staged", KSEC, {}, moves, False, {}, async_overlap=True)
+
+    # two copies of 200 B took 3 s, of 400 B 5 s: a second copy adds 1 s at either size, so
+    # A = 1 + 1 + max(4 - 1, 2 - 1) = 5
+    cm = with_pair(((200, 3.0), (400, 5.0)))
+    assert cm.async_marginal_seconds(400, "to_slow") == pytest.approx(1.0)
+    assert cm.async_seconds([(400, "to_slow"), (200, "to_slow")]) == pytest.approx(5.0)
+    assert simulate(plan, g, cm).kernel_seconds[3] == pytest.approx(5.0)
+    assert CostModel.from_json(cm.to_json()) == cm
+    # a pair slower than two copies one after another (1 MiB AIO writes here): each in full
+    assert simulate(plan, g, with_pair(((200, 9.0), (400, 20.0)))).kernel_seconds[3] == pytest.approx(6.0)
+    # a pair as fast as one copy: the second adds nothing, A = the longer copy
+    assert simulate(plan, g, with_pair(((200, 1.0), (400, 3.0)))).kernel_seconds[3] == pytest.approx(4.0)
+    # no pair measured: the bytes at the fitted bandwidth (here the whole copy: no latency)
+    assert simulate(plan, g, with_pair(None)).kernel_seconds[3] == pytest.approx(6.0)
+
+
 def test_a_copy_in_flight_slows_its_kernel():
     # slowdown 1.0 while writing (g = 1/2 of the copy's time), 0.25 while reading (g = 1/5)
     g = make_graph([100, 40, 10, 4], [([0], [1]), ([1], [2]), ([2], [3]), ([1, 3], [])], outputs=(3,))

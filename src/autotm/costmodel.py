@@ -21,6 +21,12 @@ Produced by `autotm.profile.profile` (measured on a real memory system) or by
   takes on the calling thread itself, serial with the kernels: issuing it (on cpu+file
   the io_submit call, which pins the pages and builds the requests) and collecting its
   completion. Missing (tier specs, GPU copy streams): 0.
+- ``moves[(direction, "pair")]`` (profiled AIO tiers, optional): the seconds from issuing
+  two copies of n bytes each together to the completion of both, while computing as for
+  "async". What a second copy adds at one kernel is pair(n) - async(n): here ~1 us for
+  64 KiB writes (they overlap), about a whole copy from 256 KiB, and more than one for
+  1 MiB (two took 485-544 us against 154-240 for one). Missing: copies add their bytes
+  at the fitted bandwidth (see async_marginal_seconds).
 - ``copy_interference[direction]`` (profiled, optional): how much slower a kernel
   computes while an async copy of that direction is in flight (0.2: its work takes 1.2x as
   long then; the copy's DMA and completions compete for memory bandwidth and cores).
@@ -51,6 +57,7 @@ COSTMODEL_VERSION = 1
 DIRECTIONS = ("to_slow", "to_fast")
 MOVE_MODES = ("sync", "async")
 HOST = "host"  # the moves key of an async move's own time on the calling thread
+PAIR = "pair"  # the moves key of two async copies of n bytes each, issued together
 SLOWDOWN = "slowdown"  # profiler samples (not a moves key): computation slowed by an async copy
 
 
@@ -91,12 +98,13 @@ class CostModel:
     # direct access only: kernel -> {placement: seconds}; a placement is a tuple of
     # "fast"/"slow", one per unique tensor in kernel.inputs + kernel.outputs order; empty for staged
     placement_seconds: dict[int, dict[tuple[str, ...], float]]
-    moves: dict[tuple[str, str], MoveCost]  # ("to_slow"|"to_fast", "sync"|"async"|"host") -> cost
+    moves: dict[tuple[str, str], MoveCost]  # ("to_slow"|"to_fast", "sync"|"async"|"host"|"pair") -> cost
     simulated: bool
     environment: dict = field(default_factory=dict)
-    # The async copies at one kernel are in flight together and overlap each other's fixed
-    # costs (Linux AIO: 16 copies of 16 KiB took 0.5 ms together, 5 ms one after another);
-    # False: they run one after another (an I/O thread, one copy stream). See async_seconds.
+    # The async copies at one kernel are in flight together and may overlap (Linux AIO: 16
+    # copies of 16 KiB took 0.5 ms together, 5 ms one after another; 1 MiB ones do not
+    # overlap: moves "pair"); False: they run one after another (an I/O thread, one copy
+    # stream). See async_seconds.
     async_overlap: bool = False
     workspace_bytes: tuple[int, ...] = ()  # per kernel; () = not profiled (0)
     copy_interference: dict = field(default_factory=dict)  # direction -> slowdown; {} = none
@@ -186,11 +194,17 @@ class CostModel:
         return 0.0 if c is None or nbytes <= 0 else c.seconds(nbytes)
 
     def async_marginal_seconds(self, nbytes: int, direction: str) -> float:
-        """What an async copy adds to the others at its kernel: its bytes at the fitted
-        bandwidth when copies overlap (async_overlap), else its whole time."""
+        """What an async copy adds to the others at its kernel, at most its whole time: when
+        copies overlap (async_overlap), what a second copy of its size added to the first
+        where measured (pair - async), else its bytes at the fitted bandwidth; else its
+        whole time. (At the bandwidth alone two 1 MiB AIO writes were predicted ~160 us
+        here; they took 485-544.)"""
         full = self.move_seconds(nbytes, direction, "async")
         if not self.async_overlap or nbytes <= 0:
             return full
+        pair = self.moves.get((direction, PAIR))
+        if pair is not None:
+            return min(full, max(0.0, pair.seconds(nbytes) - full))
         return min(full, nbytes / self.moves[(direction, "async")].bandwidth_bytes_per_s)
 
     def async_seconds(self, copies: Iterable[tuple[int, str]]) -> float:

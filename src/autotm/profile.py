@@ -87,7 +87,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from .costmodel import DIRECTIONS, HOST, MOVE_MODES, SLOWDOWN, CostModel, MoveCost, operand_tensors
+from .costmodel import DIRECTIONS, HOST, MOVE_MODES, PAIR, SLOWDOWN, CostModel, MoveCost, operand_tensors
 from .graph import Role, TrainingGraph
 from .overhead import NAMES as OVERHEAD_NAMES, ExecutorOverhead, measure_executor_overhead
 from .pace import PaceCheck, probe_pace, settle_pace
@@ -213,8 +213,9 @@ def environment(memory_system: str, device: torch.device | None = None,
         # operands (as the executor does) timed into the position before it; the executor's
         # overhead calibrated without operand building in its moves' share. 14: a placement's
         # repeated timings (direct access) time the call alone, its operands built once. 15:
-        # async moves polled between quarter matmuls (an AIO completion is stamped when polled)
-        "method": 15,
+        # async moves polled between quarter matmuls (an AIO completion is stamped when polled).
+        # 16: AIO tiers also time two copies issued together (mode "pair")
+        "method": 16,
     }
     if async_engine is not None:  # cpu+file: Linux AIO or the I/O thread
         env["async_io"] = async_engine
@@ -669,9 +670,10 @@ def _fit_move(points: list[tuple[int, float]]) -> MoveCost:
 
 
 def _while_computing(start, a: torch.Tensor, mm_alone: float):
-    """Issue an async move (`start()` returns its Pending) and run small matmuls (a block of
+    """Issue an async move (`start()` returns its Pending, or a list of them: moves issued
+    together, done when all are) and run small matmuls (a block of
     LOAD_ROWS rows of a @ a) on this thread until it is done, as the executor runs a kernel
-    over it. Returns its result, its seconds in flight (from the end of the issue to its
+    over it. Returns its result (a list for a list), its seconds in flight (from the end of the issue to its
     completion: the worker stamps finished_at; AIO stamps the moment this thread collected
     the completion, at the poll after a block, so the blocks are short, ~25-40 us here, and
     the completion is taken at the midpoint between the last two polls; the poll after whole
@@ -681,23 +683,25 @@ def _while_computing(start, a: torch.Tensor, mm_alone: float):
     than `mm_alone` seconds each (-1 when fewer than 3 ran: too short to tell)."""
     block = a[:LOAD_ROWS]
     t0 = time.perf_counter()
-    pending = start()
+    started = start()
+    pendings = started if isinstance(started, list) else [started]
     issued = time.perf_counter()
     n, busy = 0, 0.0
     seen_running = issued  # the last poll that found the move still in flight
     while True:
         t_poll = time.perf_counter()
-        if pending.done():
+        if all(p.done() for p in pendings):
             break
         seen_running = t_poll
         t_mm = time.perf_counter()
         torch.mm(block, a)
         busy += time.perf_counter() - t_mm
         n += 1
-    result = pending.wait()
+    results = [p.wait() for p in pendings]
     t_end = time.perf_counter()
-    end = getattr(pending, "finished_at", None)
-    end = t_end if end is None else end
+    stamps = [getattr(p, "finished_at", None) for p in pendings]
+    end = t_end if None in stamps else max(stamps)
+    result = results if isinstance(started, list) else results[0]
     if end >= t_poll:
         # stamped when collected (AIO), not when done: it finished between the last two
         # polls, at their midpoint on average
@@ -708,10 +712,14 @@ def _while_computing(start, a: torch.Tensor, mm_alone: float):
 
 
 def _host_move_seconds(memory, t: torch.Tensor, load: torch.Tensor, mm_alone: float,
-                       slots: "_MoveSlots | None" = None) -> dict[tuple[str, str], float]:
+                       slots: "_MoveSlots | None" = None, twin: torch.Tensor | None = None
+                       ) -> dict[tuple[str, str], float]:
     """Seconds of the four moves of `t` by the host's clock; the async moves' own seconds on
     this thread (mode "host"; the issue is not part of the "async" seconds) and the
-    slowdown of the computation they overlapped (mode "slowdown", a ratio, -1: unknown)."""
+    slowdown of the computation they overlapped (mode "slowdown", a ratio, -1: unknown).
+    With a `twin` (as many bytes as `t`): the flight of `t` and `twin` written together,
+    and read back together (mode "pair"), which tells how far copies at one kernel
+    overlap (CostModel.async_marginal_seconds)."""
     got = {}
     # No untimed warm-up round trip: writing the same bytes just before made the timed
     # moves faster than the executor's (the host still held them), and predictions of
@@ -733,13 +741,25 @@ def _host_move_seconds(memory, t: torch.Tensor, load: torch.Tensor, mm_alone: fl
     back, got[("to_fast", "async")], got[("to_fast", HOST)], got[("to_fast", SLOWDOWN)] = _while_computing(
         lambda: memory.start_to_fast(h) if into is None else memory.start_to_fast(h, into), load, mm_alone)
     del back, into
-    memory.free_slow(h)
+    if twin is not None:
+        hs, got[("to_slow", PAIR)], _, _ = _while_computing(
+            lambda: [memory.start_to_slow(-1, t), memory.start_to_slow(-2, twin)], load, mm_alone)
+        memory.free_slow(h)
+        into = [_read_destination(memory, x, slots, region) for x, region in zip(hs, (1, 3))]
+        back, got[("to_fast", PAIR)], _, _ = _while_computing(
+            lambda: [memory.start_to_fast(x) if d is None else memory.start_to_fast(x, d) for x, d in zip(hs, into)],
+            load, mm_alone)
+        del back, into
+        for x in hs:
+            memory.free_slow(x)
+    else:
+        memory.free_slow(h)
     return got
 
 
 class _MoveSlots:
     """Where moves of LARGE_BLOCK_BYTES or more are timed from and into: page-aligned slots
-    of one arena, touched once, on huge pages, as the executor holds such tensors when it
+    of one arena (regions 0 and 2: sources, 1 and 3: destinations), touched once, on huge pages, as the executor holds such tensors when it
     follows a plan's layout (tiers/cpu_arena.py). From heap tensors (64-byte aligned, so
     bounced through the tier's aligned buffers) a 1 MiB sync write took 615 us against
     274 us from a slot, and the test preset's sync moves were predicted 1.4-1.5x what the
@@ -750,20 +770,20 @@ class _MoveSlots:
 
         self.min_bytes = LARGE_BLOCK_BYTES
         self.half = -(-(largest + cpu_arena.HUGE_PAGE) // cpu_arena.HUGE_PAGE) * cpu_arena.HUGE_PAGE
-        self.arena = cpu_arena.CpuArena(2 * self.half)
-        whole = self.arena.take(0, 2 * self.half)
+        self.arena = cpu_arena.CpuArena(4 * self.half)
+        whole = self.arena.take(0, 4 * self.half)
         whole.fill_(1)  # resident, as an executor's arena is after its first iteration
         del whole
 
     def take(self, region: int, nbytes: int, length: int | None = None) -> torch.Tensor | None:
-        """A slot at the start of region 0 (a move's source) or 1 (a read's destination)."""
+        """A slot at the start of region 0 or 2 (a move's source), 1 or 3 (a read's destination)."""
         return self.arena.take(region * self.half, nbytes, length)
 
     def close(self) -> None:
         self.arena.close()
 
 
-def _read_destination(memory, h, slots: _MoveSlots | None = None) -> torch.Tensor | None:
+def _read_destination(memory, h, slots: _MoveSlots | None = None, region: int = 1) -> torch.Tensor | None:
     """Where the executor reads a prefetched tensor when it follows the plan's arena
     (tiers/cpu_arena.py): its slot, touched (on huge pages from 2 MiB). A tier buffer of
     64 MiB is a fresh mapping each time, and faulting its pages in doubled the measured
@@ -774,7 +794,7 @@ def _read_destination(memory, h, slots: _MoveSlots | None = None) -> torch.Tenso
     if pad:
         return None
     if slots is not None and h.storage_nbytes >= slots.min_bytes:
-        into = slots.take(1, h.storage_nbytes, length)
+        into = slots.take(region, h.storage_nbytes, length)
         if into is not None:
             return into
     return cpu_arena.arena_like(h.storage_nbytes, length, huge_pages=h.storage_nbytes >= cpu_arena.HUGE_PAGE)
@@ -824,6 +844,10 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
     # a GPU system times its own moves with CUDA events (the host clock sees launches only)
     device_timed = getattr(memory, "move_seconds", None)
     modes = MOVE_MODES if device_timed is not None else MOVE_MODES + (HOST, SLOWDOWN)
+    # copies issued together overlap only where the tier queues them together (AIO; an I/O
+    # thread runs them one after another: CostModel.async_overlap)
+    pairs = device_timed is None and getattr(memory, "async_engine", None) == "aio"
+    modes += (PAIR,) if pairs else ()
     keys = [(d, m) for d in DIRECTIONS for m in modes]
     # repeat-major: each size is sampled across the whole measurement, so a slow spell of
     # the device weighs on every size alike instead of biasing some; each round in its own
@@ -839,21 +863,23 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
     # (the executor's layout: moves of LARGE_BLOCK_BYTES or more from and into arena slots)
     slots = _MoveSlots(max(sizes)) if device_timed is None and missing and cpu_arena.load() is not None else None
 
-    def sample(n: int) -> torch.Tensor:
+    def sample(n: int, region: int = 0) -> torch.Tensor:
         """The n bytes a move is timed with: from 64 KiB, in an arena slot (_MoveSlots; without
         the extension, from 2 MiB in memory like one: arena_like); smaller ones from the heap,
         where the executor keeps them."""
         t = torch.randint(0, 255, (n,), dtype=torch.uint8)
         if slots is not None and n >= slots.min_bytes:
-            slot = slots.take(0, n)
+            slot = slots.take(region, n)
             if slot is not None:
                 return slot.copy_(t)
         if device_timed is None and n >= cpu_arena.HUGE_PAGE:
             t = cpu_arena.arena_like(n).copy_(t)
         return t
 
-    def seconds(t: torch.Tensor, mm_alone: float) -> dict:
-        return device_timed(t) if device_timed is not None else _host_move_seconds(memory, t, load, mm_alone, slots)
+    def seconds(n: int, mm_alone: float) -> dict:
+        if device_timed is not None:
+            return device_timed(sample(n))
+        return _host_move_seconds(memory, sample(n), load, mm_alone, slots, sample(n, 2) if pairs else None)
 
     try:  # (the slots' arena is resident: given back on an interruption too)
         if missing:
@@ -863,10 +889,10 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
             # async writes 1-4 ms against 20 us later: likely ext4 converting fallocated blocks)
             rough = _matmul_seconds(load, repeats=3)
             for n in sizes:
-                seconds(sample(n), rough)
+                seconds(n, rough)
             mm_alone = _matmul_seconds(load)
         for n, r in missing:
-            got = seconds(sample(n), mm_alone)
+            got = seconds(n, mm_alone)
             for (d, m), s in got.items():
                 cache.put_move(env, d, m, n, r, s)
                 have[(d, m, n, r)] = s

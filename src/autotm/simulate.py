@@ -19,8 +19,10 @@ rejects is rejected here too) and charges, with c = cost_model:
          = sum_m c.async_marginal_seconds(m.nbytes, dir(m))
            + max_m [c.move_seconds(m.nbytes, dir(m), "async") - marginal_m]
            (the copies at one kernel together overlap kernel k; with c.async_overlap
-           (Linux AIO) they are in flight together and only one's fixed cost shows, else
-           they run one after another and A_k is the plain sum of their times)
+           (Linux AIO) they are in flight together: one's whole time shows and each other
+           adds its marginal, what a second copy of its size added to the first in the
+           profile (mode "pair"; ~0 for small writes, the whole copy from ~256 KiB here);
+           else they run one after another and A_k is the plain sum of their times)
     I_k  = c.async_interference_seconds(async moves m at k)
          = sum_m g(dir(m)) marginal_m + g* max_m [full_m - marginal_m]
            the compute kernel k loses while its copies are in flight: with slowdown s

@@ -33,8 +33,8 @@ Notation (one tensor t of size s_t, one movable segment g of it; see segments.py
                          two nonzeros per interval of a variable instead of one per kernel)
     async overlap:       y[c] >= T_c,  y[c] >= sum_m x_m a_m + z[c],  z[c] >= (m_m - a_m) x_m  for each m
                          over the copies m at c (x_m = wX[.,c] or pX[.,c], m_m = m(s, dir, async),
-                         a_m = its marginal, CostModel.async_marginal_seconds): one copy's fixed
-                         cost and the others' bytes (= the plain sum when copies do not overlap)
+                         a_m = its marginal, CostModel.async_marginal_seconds): one copy's whole
+                         time and what each other adds (= the plain sum when copies do not overlap)
     async slowdown:      y[c] >= T_c + sum_m g_m a_m x_m + g* z[c]   (the kernel computes slower
                          while copies are in flight; g = CostModel.interference_share)
     wake:                u[b] >= x  for every copy column x that leaves the thread idle right
