@@ -863,11 +863,11 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
     # (the executor's layout: moves of LARGE_BLOCK_BYTES or more from and into arena slots)
     slots = _MoveSlots(max(sizes)) if device_timed is None and missing and cpu_arena.load() is not None else None
 
-    def sample(n: int, region: int = 0) -> torch.Tensor:
-        """The n bytes a move is timed with: from 64 KiB, in an arena slot (_MoveSlots; without
-        the extension, from 2 MiB in memory like one: arena_like); smaller ones from the heap,
-        where the executor keeps them."""
-        t = torch.randint(0, 255, (n,), dtype=torch.uint8)
+    def sample(n: int, region: int = 0, like: torch.Tensor | None = None) -> torch.Tensor:
+        """The n bytes a move is timed with (random, or a copy of `like`): from 64 KiB, in an
+        arena slot (_MoveSlots; without the extension, from 2 MiB in memory like one:
+        arena_like); smaller ones from the heap, where the executor keeps them."""
+        t = torch.randint(0, 255, (n,), dtype=torch.uint8) if like is None else like.clone()
         if slots is not None and n >= slots.min_bytes:
             slot = slots.take(region, n)
             if slot is not None:
@@ -879,7 +879,8 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
     def seconds(n: int, mm_alone: float) -> dict:
         if device_timed is not None:
             return device_timed(sample(n))
-        return _host_move_seconds(memory, sample(n), load, mm_alone, slots, sample(n, 2) if pairs else None)
+        t = sample(n)
+        return _host_move_seconds(memory, t, load, mm_alone, slots, sample(n, 2, like=t) if pairs else None)
 
     try:  # (the slots' arena is resident: given back on an interruption too)
         if missing:
