@@ -671,16 +671,17 @@ def _fit_move(points: list[tuple[int, float]]) -> MoveCost:
 
 def _while_computing(start, a: torch.Tensor, mm_alone: float):
     """Issue an async move (`start()` returns its Pending, or a list of them: moves issued
-    together, done when all are) and run small matmuls (a block of
-    LOAD_ROWS rows of a @ a) on this thread until it is done, as the executor runs a kernel
-    over it. Returns its result (a list for a list), its seconds in flight (from the end of the issue to its
-    completion: the worker stamps finished_at; AIO stamps the moment this thread collected
-    the completion, at the poll after a block, so the blocks are short, ~25-40 us here, and
-    the completion is taken at the midpoint between the last two polls; the poll after whole
-    192x192 matmuls, 80-140 us, had timed a 64 KiB write 120-180 us, against ~32 us polled
-    without computing), its seconds on this thread (the issue call, plus the call that
-    saw it done and the wait that built its result), and how much slower the blocks ran
-    than `mm_alone` seconds each (-1 when fewer than 3 ran: too short to tell)."""
+    together, done when all are) and run small matmuls (a block of LOAD_ROWS rows of a @
+    a) on this thread until it is done, as the executor runs a kernel over it. Returns
+    its result (a list for a list), its seconds in flight (from the end of the issue to
+    its completion: the worker stamps finished_at; AIO stamps the moment this thread
+    collected the completion, at the poll after a block, so the blocks are short, ~25-40
+    us here, and the completion is taken at the midpoint between the last two polls; the
+    poll after whole 192x192 matmuls, 80-140 us, had timed a 64 KiB write 120-180 us,
+    against ~32 us polled without computing), its seconds on this thread (the issue
+    call, plus the call that saw it done and the wait that built its result), and how
+    much slower the blocks ran than `mm_alone` seconds each (-1 when fewer than 3 ran:
+    too short to tell)."""
     block = a[:LOAD_ROWS]
     t0 = time.perf_counter()
     started = start()
@@ -759,8 +760,8 @@ def _host_move_seconds(memory, t: torch.Tensor, load: torch.Tensor, mm_alone: fl
 
 class _MoveSlots:
     """Where moves of LARGE_BLOCK_BYTES or more are timed from and into: page-aligned slots
-    of one arena (regions 0 and 2: sources, 1 and 3: destinations), touched once, on huge pages, as the executor holds such tensors when it
-    follows a plan's layout (tiers/cpu_arena.py). From heap tensors (64-byte aligned, so
+    of one arena (regions 0 and 2: sources, 1 and 3: destinations), touched once, on huge
+    pages, as the executor holds such tensors when it follows a plan's layout (tiers/cpu_arena.py). From heap tensors (64-byte aligned, so
     bounced through the tier's aligned buffers) a 1 MiB sync write took 615 us against
     274 us from a slot, and the test preset's sync moves were predicted 1.4-1.5x what the
     executor met; from fresh huge-page memory, 480 us."""
@@ -769,15 +770,15 @@ class _MoveSlots:
         from .planner.arena import LARGE_BLOCK_BYTES
 
         self.min_bytes = LARGE_BLOCK_BYTES
-        self.half = -(-(largest + cpu_arena.HUGE_PAGE) // cpu_arena.HUGE_PAGE) * cpu_arena.HUGE_PAGE
-        self.arena = cpu_arena.CpuArena(4 * self.half)
-        whole = self.arena.take(0, 4 * self.half)
+        self.region_bytes = -(-(largest + cpu_arena.HUGE_PAGE) // cpu_arena.HUGE_PAGE) * cpu_arena.HUGE_PAGE
+        self.arena = cpu_arena.CpuArena(4 * self.region_bytes)
+        whole = self.arena.take(0, 4 * self.region_bytes)
         whole.fill_(1)  # resident, as an executor's arena is after its first iteration
         del whole
 
     def take(self, region: int, nbytes: int, length: int | None = None) -> torch.Tensor | None:
         """A slot at the start of region 0 or 2 (a move's source), 1 or 3 (a read's destination)."""
-        return self.arena.take(region * self.half, nbytes, length)
+        return self.arena.take(region * self.region_bytes, nbytes, length)
 
     def close(self) -> None:
         self.arena.close()
