@@ -761,10 +761,11 @@ def _host_move_seconds(memory, t: torch.Tensor, load: torch.Tensor, mm_alone: fl
 class _MoveSlots:
     """Where moves of LARGE_BLOCK_BYTES or more are timed from and into: page-aligned slots
     of one arena (regions 0 and 2: sources, 1 and 3: destinations), touched once, on huge
-    pages, as the executor holds such tensors when it follows a plan's layout (tiers/cpu_arena.py). From heap tensors (64-byte aligned, so
-    bounced through the tier's aligned buffers) a 1 MiB sync write took 615 us against
-    274 us from a slot, and the test preset's sync moves were predicted 1.4-1.5x what the
-    executor met; from fresh huge-page memory, 480 us."""
+    pages, as the executor holds such tensors when it follows a plan's layout
+    (tiers/cpu_arena.py). From heap tensors (64-byte aligned, so bounced through the tier's
+    aligned buffers) a 1 MiB sync write took 615 us against 274 us from a slot, and the
+    test preset's sync moves were predicted 1.4-1.5x what the executor met; from fresh
+    huge-page memory, 480 us."""
 
     def __init__(self, largest: int):
         from .planner.arena import LARGE_BLOCK_BYTES
@@ -868,14 +869,14 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
         """The n bytes a move is timed with (random, or a copy of `like`): from 64 KiB, in an
         arena slot (_MoveSlots; without the extension, from 2 MiB in memory like one:
         arena_like); smaller ones from the heap, where the executor keeps them."""
-        t = torch.randint(0, 255, (n,), dtype=torch.uint8) if like is None else like.clone()
+        src = torch.randint(0, 255, (n,), dtype=torch.uint8) if like is None else like
         if slots is not None and n >= slots.min_bytes:
             slot = slots.take(region, n)
             if slot is not None:
-                return slot.copy_(t)
+                return slot.copy_(src)
         if device_timed is None and n >= cpu_arena.HUGE_PAGE:
-            t = cpu_arena.arena_like(n).copy_(t)
-        return t
+            return cpu_arena.arena_like(n).copy_(src)
+        return src if like is None else src.clone()
 
     def seconds(n: int, mm_alone: float) -> dict:
         if device_timed is not None:
