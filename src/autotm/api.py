@@ -10,7 +10,9 @@ written back before `model.state_dict()` or `step.sync()`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import sys
+import time
+from typing import Any, Callable
 
 import torch
 
@@ -21,24 +23,85 @@ from .replay import TrainingState
 from .tiers.base import MemorySystem, SlowHandle, make_memory_system
 
 
+# progress(stage, done, total, what): stage is "capture", "profile", "plan" or "session";
+# done/total count the profile's measurements (0, 0 elsewhere)
+CompileProgress = Callable[[str, int, int, str], None]
+
+# the default solver time limit of compile (seconds, the whole plan call): small, as a
+# training script waits for it; the CLI's plan/run keep 60 s (--time-limit)
+COMPILE_TIME_LIMIT = 60.0
+
+
+class _StderrProgress:
+    """compile(progress=True): one line on stderr per stage, rewritten at most every 0.5 s."""
+
+    def __init__(self):
+        self.stage, self.t_stage, self.t_line = None, 0.0, 0.0
+
+    def __call__(self, stage: str, done: int, total: int, what: str) -> None:
+        now = time.perf_counter()
+        if stage != self.stage:
+            if self.stage is not None:
+                sys.stderr.write(f"\rautotm: {self.stage} done in {now - self.t_stage:.1f} s\033[K\n")
+            self.stage, self.t_stage, self.t_line = stage, now, 0.0
+        if now - self.t_line < 0.5 and stage != "done":
+            return
+        self.t_line = now
+        if stage == "done":
+            return
+        count = f" {done}/{total}" if total else ""
+        sys.stderr.write(f"\rautotm: {stage}{count} {what} ({now - self.t_stage:.0f} s)\033[K")
+        sys.stderr.flush()
+
+
 class CompiledStep:
-    """`loss = step(x, y)`: one training iteration following the plan."""
+    """`loss = step(x, y)`: one training iteration following the plan.
+
+    `stage_seconds`: wall seconds of "capture", "profile", "plan" and "session" (the
+    executor's set-up); `profile_stats`: the profile's ProfileStats."""
 
     def __init__(self, model: torch.nn.Module, loss_fn, optimizer: torch.optim.Optimizer, example_batch, *,
                  memory: str | MemorySystem = "cpu+file", budget: Any = None, formulation: str = "asynchronous",
-                 cache=None, slow_dir: str | None = None, **plan_options):
+                 cache=None, slow_dir: str | None = None, progress: bool | CompileProgress | None = None,
+                 **plan_options):
         from .profile import profile
 
+        report = _StderrProgress() if progress is True else (progress or None)
+        self.stage_seconds: dict[str, float] = {}
+        self.profile_stats = None
+        t = [time.perf_counter()]
+
+        def stage(name: str, what: str = "") -> None:
+            if report is not None:
+                report(name, 0, 0, what)
+
+        def finished(name: str) -> None:
+            now = time.perf_counter()
+            self.stage_seconds[name] = now - t[0]
+            t[0] = now
+
         self.model, self.optimizer = model, optimizer
+        stage("capture", type(model).__name__)
         self.graph = capture(model, loss_fn, optimizer, tuple(example_batch), name=type(model).__name__)
+        finished("capture")
         self._owned = isinstance(memory, str)
         self.memory = make_memory_system(memory, slow_dir=slow_dir) if isinstance(memory, str) else memory
+        plan_options.setdefault("time_limit", COMPILE_TIME_LIMIT)
         try:
             inputs = TrainingState(self.graph, model, optimizer).inputs(tuple(example_batch))
-            self.cost_model = profile(self.graph, self.memory, cache, inputs=inputs)
+            stage("profile", f"{len(self.graph.kernels)} kernels on {self.memory.name}")
+            self.cost_model, self.profile_stats = profile(
+                self.graph, self.memory, cache, inputs=inputs, return_stats=True,
+                progress=None if report is None else lambda d, n, w: report("profile", d, n, w))
             del inputs
+            finished("profile")
+            stage("plan", f"{formulation}, time limit {plan_options['time_limit']:g} s")
             self.plan = make_plan(self.graph, self.cost_model, budget, formulation, **plan_options)
+            finished("plan")
+            stage("session")
             self.session = ExecutorSession(self.graph, self.plan, self.memory, model, optimizer)
+            finished("session")
+            stage("done")
         except BaseException:
             self.close()
             raise
@@ -113,8 +176,12 @@ class CompiledStep:
 
 def compile(model: torch.nn.Module, loss_fn, optimizer: torch.optim.Optimizer, example_batch, *,
             memory: str | MemorySystem = "cpu+file", budget: Any = None, formulation: str = "asynchronous",
-            cache=None, **plan_options) -> CompiledStep:
+            cache=None, progress: bool | CompileProgress | None = None, **plan_options) -> CompiledStep:
     """Plan `model`'s training iteration for `memory` and `budget`; return the step function.
+
+    `progress`: True prints each stage (capture, profile, plan) on stderr as it goes; a
+    callable gets progress(stage, done, total, what); quiet by default. `plan_options` go
+    to autotm.planner.plan; `time_limit` defaults to COMPILE_TIME_LIMIT (10 s) here.
 
     Example:
         >>> step = autotm.compile(model, nn.CrossEntropyLoss(), opt, (x, y), budget="4:1")
@@ -123,7 +190,7 @@ def compile(model: torch.nn.Module, loss_fn, optimizer: torch.optim.Optimizer, e
         >>> model.state_dict()  # current weights
     """
     return CompiledStep(model, loss_fn, optimizer, example_batch, memory=memory, budget=budget,
-                        formulation=formulation, cache=cache, **plan_options)
+                        formulation=formulation, cache=cache, progress=progress, **plan_options)
 
 
 @dataclasses.dataclass

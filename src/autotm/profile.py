@@ -160,6 +160,12 @@ class ProfileStats:
     simulated_from: str | None = None  # the tier spec of a sim:<spec> cost model
     overhead_measured: bool = False  # the executor's overheads were measured (autotm.overhead)
     pace: PaceCheck | None = None  # the machine's pace now and when the cache was filled
+    # wall seconds by part of the profile: "pace", "moves", "kernels" (in-situ iterations),
+    # "wake" (kernels after a blocking move), "overhead" (the executor's, autotm.overhead)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+    def add_seconds(self, part: str, seconds: float) -> None:
+        self.stage_seconds[part] = self.stage_seconds.get(part, 0.0) + seconds
 
     @property
     def nothing_new(self) -> bool:
@@ -1031,8 +1037,10 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
         have = {} if recache else db.kernel_times(env)  # recache: measure again, replace the rows
         # the machine's pace now against when the cached timings were taken (autotm.pace);
         # a GPU's kernels do not slow with the host's load this probe sees
+        t_part = time.perf_counter()
         pace = None if device is not None and torch.device(device).type == "cuda" else probe_pace(
             db, env, recache=recache)
+        stats.add_seconds("pace", time.perf_counter() - t_part)
         pending = {} if recache else db.pending(env)
         direct = memory.access == "direct"
         program = graph.program
@@ -1088,9 +1096,11 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
         def move_phase(phase: int):
             """The move rounds of one phase (MOVE_PHASES); the fit once all are in."""
             before = done[0]
+            t_part = time.perf_counter()
             got = measure_moves(memory, db, env, sizes=move_sizes, repeats=move_repeats,
                                 recache=recache if recache_moves is None else recache_moves,
                                 stats=stats, progress=tick, phases=(phase,))
+            stats.add_seconds("moves", time.perf_counter() - t_part)
             # the rounds found in the cache count as done too
             done[0] = before + sum(1 for _, r in rounds if r % MOVE_PHASES == phase)
             if progress is not None:
@@ -1125,6 +1135,13 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
             """In-situ iterations of one window (the one after move phase `window`). Before the
             last, until every signature still needed has a sample in this window; in the last,
             until each one's estimate is final (insitu_done), each sample kept as its iteration ends."""
+            t_part = time.perf_counter()
+            try:
+                _insitu_window(window)
+            finally:
+                stats.add_seconds("kernels", time.perf_counter() - t_part)
+
+        def _insitu_window(window: int) -> None:
             nonlocal pos, pos_missing
             final = window == MOVE_PHASES - 1
             start = {sig: len(samples.get(sig, ())) for sig in need}
@@ -1174,8 +1191,10 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
         if wake_on:
             if n_wake and inputs is None:
                 inputs = synthetic_inputs(graph)
+            t_part = time.perf_counter()
             wake = measure_wakes(graph, memory, db, env, inputs, wake_samples, wake_done, rounds=wake_rounds,
                                  stats=stats, progress=tick)
+            stats.add_seconds("wake", time.perf_counter() - t_part)
         moves, slowdown = move_phase(2)
         if interp is not None:
             insitu_window(2)
@@ -1187,8 +1206,10 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
                                      move_sizes=move_sizes, move_repeats=move_repeats, wake_rounds=wake_rounds,
                                      executor_overhead=False, recache_moves=False)[0]
                 return g_cm, [statistics.median(x) for x in db.position_samples(env, g.fingerprint)]
+            t_part = time.perf_counter()
             overhead = measure_executor_overhead(memory, calibration_model)
             put_overhead(db, env, overhead)
+            stats.add_seconds("overhead", time.perf_counter() - t_part)
             stats.overhead_measured = True
             tick("executor overhead")
         o = overhead or ExecutorOverhead()

@@ -222,6 +222,15 @@ class ProfileCache:
         for table in ("kernels", "pending", "positions", "moves", "vals"):
             self._db.execute(f"DELETE FROM {table} WHERE env=?", (env,))
 
+    def forget_kernels(self) -> None:
+        """Drop every kernel measurement (timings, pending samples, per-graph samples,
+        workspaces) of every environment; keep the machine's (moves, the executor's
+        overheads, the pace probe): a cache as a new model meets it on a profiled machine."""
+        with self._transaction():
+            for table in ("kernels", "pending", "positions"):
+                self._db.execute(f"DELETE FROM {table}")
+            self._db.execute("DELETE FROM vals WHERE name LIKE ?", (self._WORKSPACE + "%",))
+
     # ---- moves ------------------------------------------------------------------------
     def move_samples(self, env: str) -> dict[tuple[str, str, int, int], float]:
         return {(d, m, n, r): s for d, m, n, r, s in
