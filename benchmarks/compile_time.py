@@ -106,7 +106,8 @@ def child(a) -> None:
     budget, formulation = (None, "all-fast") if a.model == "tiny" else (a.budget, a.formulation)
     try:
         step = autotm.compile(model, loss_fn, opt, batch, memory=a.memory, budget=budget,
-                              formulation=formulation, cache=a.cache, progress=progress)
+                              formulation=formulation, cache=a.cache, progress=progress,
+                              **({} if a.time_limit is None else {"time_limit": a.time_limit}))
     except Exception as e:  # the stages reached, and why it stopped
         out.update(error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}", stages_started=seen,
                    seconds=time.perf_counter() - t0)
@@ -140,7 +141,8 @@ def row_text(kind: str, r: dict) -> str:
     return (f"{r['model']:22s} {kind:7s} {r['kernels']:6d} {r['unique']:6d} {s['capture']:8.1f} {s['profile']:8.1f} "
             f"{machine:8.1f} {p.get('wake', 0.0):6.1f} {p.get('kernels', 0.0):8.1f} {s['plan']:7.1f} "
             f"{s['session']:7.2f} {s['first_step']:6.2f} {r['compile_s'] + s['first_step']:8.1f}  "
-            f"{r['measured']}/{r['cache_hits']} {r['status']} gap {100 * (r['gap'] or 0):.1f} %")
+            f"{r['measured']}/{r['cache_hits']} {r['status']} gap {100 * (r['gap'] or 0):.1f} % "
+            f"pred. {1e3 * (r['predicted_s'] or 0):.1f} ms")
 
 
 def main() -> None:
@@ -150,6 +152,8 @@ def main() -> None:
     ap.add_argument("--budget", default="1:1")
     ap.add_argument("--formulation", default="asynchronous")
     ap.add_argument("--memory", default="cpu+file")
+    ap.add_argument("--time-limit", type=float, default=None,
+                    help="compile's solver time limit (default: compile's own)")
     ap.add_argument("--json", default=None, help="also write the rows as JSON here")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per compile, at most")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -162,6 +166,8 @@ def main() -> None:
     from autotm.profile_cache import ProfileCache
 
     common = ["--preset", a.preset, "--budget", a.budget, "--formulation", a.formulation, "--memory", a.memory]
+    if a.time_limit is not None:
+        common += ["--time-limit", str(a.time_limit)]
     script = os.path.abspath(__file__)
     print(f"load average {os.getloadavg()}; {a.memory}, budget {a.budget}, {a.formulation}, preset {a.preset}")
     print(f"{'model':22s} {'cache':7s} {'kern.':>6s} {'unique':>6s} {'capture':>8s} {'profile':>8s} "

@@ -29,7 +29,7 @@ CompileProgress = Callable[[str, int, int, str], None]
 
 # the default solver time limit of compile (seconds, the whole plan call): small, as a
 # training script waits for it; the CLI's plan/run keep 60 s (--time-limit)
-COMPILE_TIME_LIMIT = 60.0
+COMPILE_TIME_LIMIT = 10.0
 
 
 class _StderrProgress:

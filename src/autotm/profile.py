@@ -163,6 +163,7 @@ class ProfileStats:
     # wall seconds by part of the profile: "pace", "moves", "kernels" (in-situ iterations),
     # "wake" (kernels after a blocking move), "overhead" (the executor's, autotm.overhead)
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    waited_seconds: float = 0.0  # waiting for another process measuring into the same cache
 
     def add_seconds(self, part: str, seconds: float) -> None:
         self.stage_seconds[part] = self.stage_seconds.get(part, 0.0) + seconds
@@ -552,11 +553,10 @@ def wake_pause_bytes(graph: TrainingGraph) -> int:
     return int(min(max(int(half), lo), hi))
 
 
-def wake_seconds(graph: TrainingGraph, samples: dict[str, list[list[float]]]) -> tuple[float, ...]:
-    """W_k from WakeReplay's samples: per position, the median cold (second) time less the
-    median warm one; per signature, the median of that over its positions (one kernel's
-    samples are few and noisy, a signature's positions many); then
-        W_k = max(0, cold excess of sig(k)) + max(0, second excess of sig(k + 1))."""
+def wake_excess(graph: TrainingGraph, samples: dict[str, list[list[float]]]) -> dict[str, tuple[float, float]]:
+    """Per signature, from WakeReplay's samples: (cold, second) = the median over its
+    positions of the median cold (second) time less the median warm one, at least 0 (one
+    kernel's samples are few and noisy, a signature's positions many)."""
     med = {r: [statistics.median(x) if x else math.nan for x in samples[r]] for r in WAKE_ROLES}
     by_sig: dict[str, tuple[list[float], list[float]]] = {}
     for k, kern in enumerate(graph.kernels):
@@ -566,11 +566,20 @@ def wake_seconds(graph: TrainingGraph, samples: dict[str, list[list[float]]]) ->
                 c.append(med["cold"][k] - med["warm"][k])
             if not math.isnan(med["second"][k]):
                 e.append(med["second"][k] - med["warm"][k])
-    cold = {s: max(0.0, statistics.median(c)) if c else 0.0 for s, (c, _) in by_sig.items()}
-    second = {s: max(0.0, statistics.median(e)) if e else 0.0 for s, (_, e) in by_sig.items()}
+    return {s: (max(0.0, statistics.median(c)) if c else 0.0, max(0.0, statistics.median(e)) if e else 0.0)
+            for s, (c, e) in by_sig.items()}
+
+
+def wake_from_excess(graph: TrainingGraph, excess: Mapping[str, tuple[float, float]]) -> tuple[float, ...]:
+    """W_k = cold excess of sig(k) + second excess of sig(k + 1)."""
     ks = graph.kernels
-    return tuple(cold[ks[k].signature] + (second[ks[k + 1].signature] if k + 1 < len(ks) else 0.0)
+    return tuple(excess[ks[k].signature][0] + (excess[ks[k + 1].signature][1] if k + 1 < len(ks) else 0.0)
                  for k in range(len(ks)))
+
+
+def wake_seconds(graph: TrainingGraph, samples: dict[str, list[list[float]]]) -> tuple[float, ...]:
+    """W_k for every kernel from WakeReplay's samples (wake_excess, wake_from_excess)."""
+    return wake_from_excess(graph, wake_excess(graph, samples))
 
 
 def cached_wake_samples(graph: TrainingGraph, db: ProfileCache, env: str, recache: bool = False) -> tuple[dict, int]:
@@ -587,10 +596,13 @@ def cached_wake_samples(graph: TrainingGraph, db: ProfileCache, env: str, recach
 
 def measure_wakes(graph: TrainingGraph, memory, db: ProfileCache, env: str, inputs, samples: dict, done: int, *,
                   rounds: int = WAKE_ROUNDS, stats: ProfileStats | None = None,
-                  progress: Callable[[str], None] | None = None) -> tuple[float, ...]:
-    """W_k for every kernel of `graph` (wake_seconds), from 3 x `rounds` WakeReplay
-    iterations, continuing `samples` after `done` of them (cached_wake_samples); the samples
-    are committed after each iteration (a killed profile resumes)."""
+                  progress: Callable[[str], None] | None = None,
+                  replace: bool = False) -> tuple[float, ...]:
+    """W_k for every kernel of `graph`, from 3 x `rounds` WakeReplay iterations, continuing
+    `samples` after `done` of them (cached_wake_samples); the samples are committed after
+    each iteration (a killed profile resumes), then each signature's excess (wake_excess),
+    which later graphs reuse: a signature already in the cache keeps its value (unless
+    `replace`), so every graph's kernels of one signature are charged alike."""
     replay = WakeReplay(graph, memory, samples, samples["pause_bytes"])
     while graph.kernels and done < 3 * rounds:
         replay.phase = done % 3
@@ -602,7 +614,8 @@ def measure_wakes(graph: TrainingGraph, memory, db: ProfileCache, env: str, inpu
             stats.iterations += 1
         if progress is not None:
             progress("kernels after a blocking move")
-    return wake_seconds(graph, samples)
+    db.put_wake_excess(env, wake_excess(graph, samples) if graph.kernels else {}, replace=replace)
+    return wake_from_excess(graph, db.wake_excess(env))
 
 
 def insitu_estimate(groups: list[list[float]]) -> float:
@@ -837,6 +850,25 @@ def move_rounds(sizes, repeats: int) -> list[tuple[int, int]]:
             for i in np.random.default_rng(r).permutation(len(sizes)) if r < rounds(int(sizes[i]))]
 
 
+def move_keys(memory) -> list[tuple[str, str]]:
+    """The (direction, mode) samples each move round takes on `memory`."""
+    # a GPU system times its own moves with CUDA events (the host clock sees launches only)
+    device_timed = getattr(memory, "move_seconds", None)
+    modes = MOVE_MODES if device_timed is not None else MOVE_MODES + (HOST, SLOWDOWN)
+    # copies issued together overlap only where the tier queues them together (AIO; an I/O
+    # thread runs them one after another: CostModel.async_overlap)
+    if device_timed is None and getattr(memory, "async_engine", None) == "aio":
+        modes += (PAIR,)
+    return [(d, m) for d in DIRECTIONS for m in modes]
+
+
+def moves_missing(memory, cache: ProfileCache, env: str, sizes=MOVE_SIZES, repeats=MOVE_REPEATS) -> bool:
+    """Whether any move sample of `memory` is still to be measured."""
+    have = cache.move_samples(env)
+    keys = move_keys(memory)
+    return any((d, m, n, r) not in have for n, r in move_rounds(sizes, repeats) for d, m in keys)
+
+
 def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, repeats=MOVE_REPEATS,
                   recache: bool = False, progress: Callable[[str], None] | None = None,
                   stats: ProfileStats | None = None, phases: tuple[int, ...] | None = None):
@@ -849,14 +881,10 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
     have = cache.move_samples(env)
     if recache:
         have = {} if phases is None else {key: v for key, v in have.items() if key[3] % MOVE_PHASES not in phases}
-    # a GPU system times its own moves with CUDA events (the host clock sees launches only)
     device_timed = getattr(memory, "move_seconds", None)
-    modes = MOVE_MODES if device_timed is not None else MOVE_MODES + (HOST, SLOWDOWN)
-    # copies issued together overlap only where the tier queues them together (AIO; an I/O
-    # thread runs them one after another: CostModel.async_overlap)
-    pairs = device_timed is None and getattr(memory, "async_engine", None) == "aio"
-    modes += (PAIR,) if pairs else ()
-    keys = [(d, m) for d in DIRECTIONS for m in modes]
+    keys = move_keys(memory)
+    modes = {m for _, m in keys}
+    pairs = PAIR in modes
     # repeat-major: each size is sampled across the whole measurement, so a slow spell of
     # the device weighs on every size alike instead of biasing some; each round in its own
     # (seeded) order: in ascending order every 4 KiB sample followed a 64 MiB one, which
@@ -1005,19 +1033,43 @@ def profile(graph: TrainingGraph, memory_system, cache: ProfileCache | str | os.
         from .tiers import make_memory_system
 
         memory_system = owned = make_memory_system(memory_system)
+    db, owned_db = _open_cache(cache)
     try:
-        cm, stats = _profile_real(graph, memory_system, cache, inputs=inputs, recache=recache,
-                                  progress=progress, move_sizes=tuple(move_sizes), move_repeats=move_repeats,
-                                  wake_rounds=wake_rounds, executor_overhead=executor_overhead)
+        opts = dict(inputs=inputs, recache=recache, progress=progress, move_sizes=tuple(move_sizes),
+                    move_repeats=move_repeats, wake_rounds=wake_rounds, executor_overhead=executor_overhead)
+        try:  # everything in the cache: nothing to wait for
+            cm, stats = _profile_real(graph, memory_system, db, measure=False, **opts)
+        except _MustMeasure:
+            # one process measures at a time (ProfileCache.measuring); one that waited finds
+            # what the other measured, and times only what is still missing
+            t_wait = time.perf_counter()
+
+            def waiting(pid: int | None) -> None:
+                what = f"waiting for autotm process {pid or '?'}, measuring into {db.path}"
+                log.info(what)
+                if progress is not None:
+                    progress(0, 0, what)
+
+            with db.measuring(waiting):
+                waited = time.perf_counter() - t_wait
+                cm, stats = _profile_real(graph, memory_system, db, **opts)
+            stats.waited_seconds = waited
+            stats.add_seconds("wait", waited)
     finally:
+        if owned_db:
+            db.close()
         if owned is not None:
             owned.close()
     log.info("profile %s on %s: %s", graph.name, cm.memory_system, stats.message())
     return (cm, stats) if return_stats else cm
 
 
+class _MustMeasure(Exception):
+    """_profile_real(measure=False) found something the cache does not hold."""
+
+
 def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes, move_repeats, wake_rounds,
-                  executor_overhead=True, recache_moves=None):
+                  executor_overhead=True, recache_moves=None, measure=True):
     if graph.fake:
         raise ValueError(f"graph {graph.name} was captured on fake tensors: it cannot be timed on "
                          f"{memory.name}; capture it on real tensors, or profile on a sim:<spec> system")
@@ -1071,12 +1123,22 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
         rounds = move_rounds(move_sizes, move_repeats)
         n_move = len(rounds)
         wake_on = getattr(memory, "idle_sync_moves", False) and wake_rounds > 0
+        # a kernel's wake excess is its signature's: a graph whose signatures are all known
+        # (from any graph profiled in this environment) runs no wake iterations
+        wake_known = {} if recache or not wake_on else db.wake_excess(env)
+        wake_on = wake_on and not all(k.signature in wake_known for k in graph.kernels)
         wake_samples, wake_done = cached_wake_samples(graph, db, env, recache) if wake_on else ({}, 0)
         n_wake = max(0, 3 * wake_rounds - wake_done) if wake_on else 0
         # the executor's own time (autotm.overhead): host-timed systems, where it is serial with kernels
         overhead_on = executor_overhead and getattr(memory, "move_seconds", None) is None and (
             device is None or torch.device(device).type == "cpu")
         overhead = None if recache or not overhead_on else cached_overhead(db, env)
+        if not measure:
+            pos_cached = None if recache else db.position_samples(env, graph.fingerprint)
+            if (recache or need or batch_jobs or wake_on or (overhead_on and overhead is None)
+                    or pos_cached is None or len(pos_cached) != len(graph.kernels) or not all(pos_cached)
+                    or moves_missing(memory, db, env, move_sizes, move_repeats)):
+                raise _MustMeasure
         total = (len(need) + sum(len(v) for v in batch_jobs.values()) + n_move + n_wake
                  + int(overhead_on and overhead is None))
         done = [0]
@@ -1187,13 +1249,13 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
         move_phase(1)
         if interp is not None:
             insitu_window(1)
-        wake: tuple[float, ...] = ()
+        wake: tuple[float, ...] = wake_from_excess(graph, wake_known) if wake_known and not wake_on else ()
         if wake_on:
             if n_wake and inputs is None:
                 inputs = synthetic_inputs(graph)
             t_part = time.perf_counter()
             wake = measure_wakes(graph, memory, db, env, inputs, wake_samples, wake_done, rounds=wake_rounds,
-                                 stats=stats, progress=tick)
+                                 stats=stats, progress=tick, replace=recache)
             stats.add_seconds("wake", time.perf_counter() - t_part)
         moves, slowdown = move_phase(2)
         if interp is not None:

@@ -8,18 +8,27 @@ count, torch version, memory system; stored once, referred to by its hash), then
 - per-position samples of the interpreter's work after each kernel of one graph (freeing
   the tensors that die there): (environment, graph fingerprint) -> samples per kernel;
   and, in the same table, of each kernel's time after a blocking move (key fingerprint
-  + ":wake");
+  + ":wake"), kept so that a killed profile resumes;
+- what a kernel loses right after a blocking move, per signature (its "cold" excess, and
+  its "second" excess as the kernel after that one): (environment, signature) -> seconds,
+  so that a graph whose signatures are all known runs no wake iterations;
 - move samples: (environment, direction, mode, bytes, repeat) -> seconds;
 - values: (environment, name) -> a number (e.g. the measured peak FLOP/s).
 
 Every measurement is committed as soon as it is recorded (autocommit, WAL journal), so a
-profiler killed mid-way loses nothing it had finished. The file stores its schema version;
+profiler killed mid-way loses nothing it had finished. Processes sharing the file measure
+one at a time (`measuring`: an flock on `<file>.lock`, released by the kernel when its
+holder dies): the others wait, then find in the file what it measured and time only what
+is still missing. (Measuring side by side would also slow each other's timings: every
+number in the file would be a loaded machine's.) The file stores its schema version;
 a file that is not a readable cache of this version is moved aside with a warning and a
 fresh cache is built in its place: never a crash, never stale data.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -27,6 +36,7 @@ import sqlite3
 import time
 import warnings
 from pathlib import Path
+from typing import Callable, Iterator
 
 SCHEMA_VERSION = 1
 APP_ID = "autotm-profile-cache"
@@ -66,6 +76,9 @@ CREATE TABLE IF NOT EXISTS pending (
     PRIMARY KEY (env, signature));
 CREATE TABLE IF NOT EXISTS positions (
     env TEXT NOT NULL, graph TEXT NOT NULL, samples TEXT NOT NULL, PRIMARY KEY (env, graph));
+CREATE TABLE IF NOT EXISTS wakes (
+    env TEXT NOT NULL, signature TEXT NOT NULL, cold REAL NOT NULL, second REAL NOT NULL,
+    PRIMARY KEY (env, signature));
 CREATE TABLE IF NOT EXISTS vals (
     env TEXT NOT NULL, name TEXT NOT NULL, value REAL NOT NULL, PRIMARY KEY (env, name));
 """
@@ -77,6 +90,7 @@ class ProfileCache:
     def __init__(self, path: str | os.PathLike | None = None):
         self.path = default_cache_path() if path is None else path
         self.rebuilt_reason: str | None = None
+        self._measuring = 0  # depth of measuring() in this object (the lock is taken once)
         self._db = self._open()
 
     # ---- opening ----------------------------------------------------------------------
@@ -150,6 +164,46 @@ class ProfileCache:
     def close(self) -> None:
         self._db.close()
 
+    # ---- one measuring process at a time ------------------------------------------------
+    @contextlib.contextmanager
+    def measuring(self, on_wait: Callable[[int | None], None] | None = None) -> Iterator[None]:
+        """Hold the file's measuring lock (`<file>.lock`, an exclusive flock) while the
+        block runs; when another process holds it, call `on_wait(its pid or None)` and wait
+        for it. Re-entrant within this object; nothing to lock for ":memory:". The lock
+        dies with its process (kill -9 included), so a killed profile never blocks the next."""
+        if str(self.path) == ":memory:" or self._measuring:
+            self._measuring += 1
+            try:
+                yield
+            finally:
+                self._measuring -= 1
+            return
+        # O_NOFOLLOW: a symlink planted at the lock's path is refused, not followed
+        fd = os.open(str(self.path) + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if on_wait is not None:
+                    on_wait(self._lock_holder(fd))
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)  # (who holds it, for the waiters' message)
+            self._measuring = 1
+            try:
+                yield
+            finally:
+                self._measuring = 0
+        finally:
+            os.close(fd)  # releases the lock
+
+    @staticmethod
+    def _lock_holder(fd: int) -> int | None:
+        try:
+            return int(os.pread(fd, 32, 0).decode() or "x")
+        except (OSError, ValueError):
+            return None
+
     def __enter__(self) -> ProfileCache:
         return self
 
@@ -217,9 +271,22 @@ class ProfileCache:
     def put_wake_samples(self, env: str, graph: str, samples: dict[str, list[list[float]]]) -> None:
         self.put_position_samples(env, graph + ":wake", samples)
 
+    def wake_excess(self, env: str) -> dict[str, tuple[float, float]]:
+        """signature -> (cold, second) seconds a kernel loses after a blocking move."""
+        return {s: (c, e) for s, c, e in
+                self._db.execute("SELECT signature, cold, second FROM wakes WHERE env=?", (env,))}
+
+    def put_wake_excess(self, env: str, excess: dict[str, tuple[float, float]], *, replace: bool = False) -> None:
+        """Store per-signature wake excesses in one transaction; a signature already known
+        keeps its value unless `replace` (every graph's kernels then see the same one)."""
+        verb = "INSERT OR REPLACE" if replace else "INSERT OR IGNORE"
+        with self._transaction():
+            for sig, (cold, second) in excess.items():
+                self._db.execute(f"{verb} INTO wakes VALUES (?, ?, ?, ?)", (env, sig, float(cold), float(second)))
+
     def forget(self, env: str) -> None:
         """Drop every measurement of `env`."""
-        for table in ("kernels", "pending", "positions", "moves", "vals"):
+        for table in ("kernels", "pending", "positions", "wakes", "moves", "vals"):
             self._db.execute(f"DELETE FROM {table} WHERE env=?", (env,))
 
     def forget_kernels(self) -> None:
@@ -227,7 +294,7 @@ class ProfileCache:
         workspaces) of every environment; keep the machine's (moves, the executor's
         overheads, the pace probe): a cache as a new model meets it on a profiled machine."""
         with self._transaction():
-            for table in ("kernels", "pending", "positions"):
+            for table in ("kernels", "pending", "positions", "wakes"):
                 self._db.execute(f"DELETE FROM {table}")
             self._db.execute("DELETE FROM vals WHERE name LIKE ?", (self._WORKSPACE + "%",))
 
