@@ -235,6 +235,26 @@ def test_profile_times_every_kernel_then_hits_the_cache(tiny, memory, tmp_path):
     assert CostModel.from_json(cm3.to_json()) == cm3
 
 
+def test_wake_costs_are_kept_per_signature_for_every_graph(tiny, memory, tmp_path):
+    # a graph whose signatures are all known (here: the same kernels, its per-graph samples
+    # gone, as another graph of the same layers meets the cache) runs no wake iterations:
+    # one in-situ iteration for its positions, the wake costs its signatures had
+    g, inputs = tiny
+    path = tmp_path / "c.sqlite"
+    cm, st = profile(g, memory, path, inputs=inputs, return_stats=True, executor_overhead=False, **SMALL_MOVES)
+    assert st.stage_seconds["wake"] > 0
+    with ProfileCache(path) as db:
+        excess = db.wake_excess(db.environment(environment("cpu+file", None, memory.async_engine)))
+    assert {k.signature for k in g.kernels} <= set(excess)
+    con = sqlite3.connect(str(path))
+    con.execute("DELETE FROM positions")  # the graph's own samples, wake samples included
+    con.commit()
+    con.close()
+    cm2, st2 = profile(g, memory, path, inputs=inputs, return_stats=True, executor_overhead=False, **SMALL_MOVES)
+    assert st2.measured == 0 and st2.iterations == 1 and "wake" not in st2.stage_seconds
+    assert cm2.wake_seconds == cm.wake_seconds
+
+
 def test_the_executors_overhead_is_measured_once_and_added_to_every_move(tiny, memory, tmp_path):
     g, inputs = tiny
     path = tmp_path / "c.sqlite"
