@@ -18,9 +18,17 @@ def test_compiled_training_matches_eager_and_updates_the_model(tmp_path):
     eager_opt = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
+    stages = []
     step = autotm.compile(model, loss_fn, opt, data[0], memory="cpu+file", budget="2:3",
-                          formulation="synchronous", cache=str(tmp_path / "cache.sqlite"))
+                          formulation="synchronous", cache=str(tmp_path / "cache.sqlite"),
+                          progress=lambda stage, done, total, what: stages.append(stage))
     try:
+        # progress: every stage in order (the profile's measurements as they go), then "done"
+        assert [s for i, s in enumerate(stages) if i == 0 or stages[i - 1] != s] == [
+            "capture", "profile", "plan", "session", "done"]
+        assert stages.count("profile") > 1
+        assert set(step.stage_seconds) == {"capture", "profile", "plan", "session"}
+        assert step.profile_stats.measured > 0 and step.profile_stats.stage_seconds["kernels"] > 0
         assert step.plan.meta["budget_bytes"] < step.graph.peak_live_bytes
         assert step.plan.meta["bytes_to_slow"] > 0
         for x, y in data:

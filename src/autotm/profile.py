@@ -1087,12 +1087,6 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
         envd = environment(memory.name, device, getattr(memory, "async_engine", None))
         env = db.environment(envd)
         have = {} if recache else db.kernel_times(env)  # recache: measure again, replace the rows
-        # the machine's pace now against when the cached timings were taken (autotm.pace);
-        # a GPU's kernels do not slow with the host's load this probe sees
-        t_part = time.perf_counter()
-        pace = None if device is not None and torch.device(device).type == "cuda" else probe_pace(
-            db, env, recache=recache)
-        stats.add_seconds("pace", time.perf_counter() - t_part)
         pending = {} if recache else db.pending(env)
         direct = memory.access == "direct"
         program = graph.program
@@ -1139,6 +1133,12 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
                     or pos_cached is None or len(pos_cached) != len(graph.kernels) or not all(pos_cached)
                     or moves_missing(memory, db, env, move_sizes, move_repeats)):
                 raise _MustMeasure
+        # the machine's pace now against when the cached timings were taken (autotm.pace);
+        # a GPU's kernels do not slow with the host's load this probe sees
+        t_part = time.perf_counter()
+        pace = None if device is not None and torch.device(device).type == "cuda" else probe_pace(
+            db, env, recache=recache)
+        stats.add_seconds("pace", time.perf_counter() - t_part)
         total = (len(need) + sum(len(v) for v in batch_jobs.values()) + n_move + n_wake
                  + int(overhead_on and overhead is None))
         done = [0]
