@@ -1039,7 +1039,10 @@ def profile(graph: TrainingGraph, memory_system, cache: ProfileCache | str | os.
                     move_repeats=move_repeats, wake_rounds=wake_rounds, executor_overhead=executor_overhead)
         try:  # everything in the cache: nothing to wait for
             cm, stats = _profile_real(graph, memory_system, db, measure=False, **opts)
+            must_measure = False
         except _MustMeasure:
+            must_measure = True
+        if must_measure:
             # one process measures at a time (ProfileCache.measuring); one that waited finds
             # what the other measured, and times only what is still missing
             t_wait = time.perf_counter()
