@@ -34,6 +34,11 @@ class CompiledStep:
         self._owned = isinstance(memory, str)
         self.memory = make_memory_system(memory, slow_dir=slow_dir) if isinstance(memory, str) else memory
         try:
+            if not plan_options.get("pin_params"):
+                # an infeasible budget fails now, before the minutes of the profile
+                from .planner.floor import check_before_profile
+
+                check_before_profile(self.graph, budget, formulation, self.memory.access)
             inputs = TrainingState(self.graph, model, optimizer).inputs(tuple(example_batch))
             self.cost_model = profile(self.graph, self.memory, cache, inputs=inputs)
             del inputs
@@ -115,6 +120,10 @@ def compile(model: torch.nn.Module, loss_fn, optimizer: torch.optim.Optimizer, e
             memory: str | MemorySystem = "cpu+file", budget: Any = None, formulation: str = "asynchronous",
             cache=None, **plan_options) -> CompiledStep:
     """Plan `model`'s training iteration for `memory` and `budget`; return the step function.
+
+    `budget`: bytes ("6GB"), a slow:fast ratio ("4:1"), or "min", the smallest budget at
+    which `formulation` finds a plan. A budget under that raises autotm.InfeasibleBudget,
+    which states it (before the profile where the graph alone shows it).
 
     Example:
         >>> step = autotm.compile(model, nn.CrossEntropyLoss(), opt, (x, y), budget="4:1")

@@ -10,11 +10,9 @@ import dataclasses
 import math
 import time
 
-import numpy as np
-
-from ..budget import parse_budget
+from ..budget import is_minimum, parse_budget
 from ..costmodel import CostModel
-from ..graph import Role, TrainingGraph
+from ..graph import TrainingGraph
 from ..plan import Plan
 from ..simulate import simulate
 from ..validate import validate
@@ -22,17 +20,29 @@ from ..tiers.base import PAGE
 from .arena import with_arena
 from .baselines import all_fast, first_touch_plan, lru_plan
 from .direct import solve_direct
-from .ilp import InfeasibleBudget, default_min_tensor_bytes, min_tensor_bytes_for, smallest_budget, solve_staged
+from .floor import Floor, accounting, smallest_feasible, tightest_staged_plan
+from .ilp import InfeasibleBudget, default_min_tensor_bytes, min_tensor_bytes_for, solve_staged
 from .static import all_slow_plan, first_touch_direct_plan, solve_static
 
 FORMULATIONS = ("static", "synchronous", "asynchronous")
 BASELINES = ("all-fast", "first-touch", "lru", "all-slow")
-PINNED_ROLES = (Role.WEIGHT, Role.BUFFER, Role.OPTIMIZER_STATE, Role.INPUT, Role.SCALAR, Role.CONSTANT, Role.OUTPUT)
 
 RESOLVE_SHARE = 0.5  # the least share of time_limit an arena re-solve has (the first solve leaves it)
 POLISH_SHARE = 0.2  # the least share left after a plan that fits for one more solve from it
 
-__all__ = ["plan", "laid_out", "FORMULATIONS", "BASELINES", "InfeasibleBudget"]
+__all__ = ["plan", "laid_out", "smallest_feasible_budget", "FORMULATIONS", "BASELINES", "InfeasibleBudget"]
+
+
+def smallest_feasible_budget(graph: TrainingGraph, cost_model: CostModel, formulation: str, *,
+                             pin_params: bool = False) -> Floor:
+    """The smallest budget (bytes, as plan() takes it) at which `formulation` finds a plan
+    for `graph` on `cost_model`'s memory system, and what needs it there (floor.py):
+    plan(..., budget="min") plans at it, and InfeasibleBudget states it."""
+    acc = accounting(graph, cost_model.workspace(len(graph.kernels)), pin_params)
+    if formulation == "all-fast":
+        held = graph.live_bytes - acc.extra if acc.extra is not None else graph.live_bytes
+        return Floor(int((held + acc.workspace).max()) if len(held) else 0, None, "all-fast's peak")
+    return smallest_feasible(graph, formulation, cost_model.access, acc, cost_model.memory_system)
 
 
 def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str = "asynchronous", *,
@@ -83,28 +93,25 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
     if not direct and formulation in ("static", "all-slow"):
         raise ValueError(f"{formulation} needs a direct-access memory system (cpu+mmap, cpu+numa, sim:optane, sim:cxl)")
 
-    pinned: frozenset[int] = frozenset()
-    extra = None
-    if pin_params:
-        pinned = frozenset(t.id for t in graph.tensors if t.role in PINNED_ROLES)
-        delta = np.zeros(len(graph.kernels) + 1, dtype=np.int64)
-        for t in graph.tensors:
-            if t.id in pinned:
-                delta[t.live[0]] += t.nbytes
-                delta[t.live[1] + 1] -= t.nbytes
-        extra = np.cumsum(delta[:-1])
     # each kernel's workspace (profiled) takes its share of the budget while it runs: the
-    # solvers' capacity at k is budget + pinned bytes - workspace
-    workspace = cost_model.workspace(len(graph.kernels))
-    solver_extra = extra
-    if workspace.any():
-        solver_extra = (extra if extra is not None else 0) - workspace
+    # solvers' capacity at k is budget + pinned bytes - workspace (floor.accounting)
+    acc = accounting(graph, cost_model.workspace(len(graph.kernels)), pin_params)
+    pinned, extra, workspace, solver_extra = acc.pinned, acc.extra, acc.workspace, acc.solver_extra
     # a ratio is of the bytes the plan decides on, what an all-fast iteration holds at its
     # busiest kernel (workspace included, so 1:0 needs no move): with pinned tensors, the paper's U
     held = graph.live_bytes - extra if extra is not None else graph.live_bytes
     base = int((held + workspace).max()) if len(held) else 0
-    budget_bytes = base if (budget is None and formulation == "all-fast") else parse_budget(budget, base)
-    validation_budget = budget_bytes + (int(extra.max()) if extra is not None else 0)
+    # the smallest budget this planner finds a plan at: "min" plans there, and a budget
+    # under it fails here, before any solve, naming what needs it
+    floor = (Floor(base, None, "") if formulation == "all-fast"
+             else smallest_feasible(graph, formulation, cost_model.access, acc, ms))
+    if budget is None and formulation == "all-fast" or is_minimum(budget):
+        budget_bytes = floor.bytes
+    else:
+        budget_bytes = parse_budget(budget, base)
+    if budget_bytes < floor.bytes and formulation != "all-fast":
+        raise InfeasibleBudget(budget_bytes, floor.bytes, floor.what, formulation)
+    validation_budget = budget_bytes + acc.flat_extra
     limit = None if formulation in ("all-fast", "all-slow") else validation_budget
     opts = dict(window=window, time_limit=time_limit, mip_gap=mip_gap, pinned=pinned, extra=solver_extra,
                 workspace=workspace if workspace.any() else None,
@@ -135,11 +142,10 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
     # and the half of the limit kept for one went unused (asynchronous predicted 4.64 s,
     # 31 % fragmentation; 4.00 s, 14 % with it all)
     staged = formulation in ("synchronous", "asynchronous") and not direct and arena and limit is not None
-    floor = smallest_budget(graph, solver_extra, pinned) if staged else None
     # it can resume from a plan (the reference of _solve): its first solve leaves time for
     # a re-solve, or, when the arena fits, for one more from that plan; not where even a
     # budget 1 % lower is infeasible (nor a polish there: the first solve has all of the limit)
-    resumable = staged and opts["warm_start"] and budget_bytes - max(1, budget_bytes // 100) >= floor
+    resumable = staged and opts["warm_start"] and budget_bytes - max(1, budget_bytes // 100) >= floor.bytes
     polished = False
     resolves = 0
     while True:
@@ -178,8 +184,8 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
         # densenet264 cpu 8:1's 12 %, 18 %, 19 %; each miss costs a solve)
         worst = max(worst, (p.arena_bytes, p.meta["peak_fast_with_workspace_bytes"]), key=lambda w: w[0] / w[1])
         next_cut = defrag_cut(cut, limit, *worst, budget_bytes)
-        if floor is not None:  # no lower than the smallest feasible budget: the most room for a layout there
-            next_cut = min(next_cut, budget_bytes - floor)
+        if staged:  # no lower than the smallest feasible budget: the most room for a layout there
+            next_cut = min(next_cut, budget_bytes - floor.bytes)
         if next_cut >= budget_bytes or next_cut < cut + budget_bytes // 100:
             break  # (a re-solve for less than 1 % less lays out much the same)
         cut = next_cut
@@ -200,7 +206,20 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
         if p is not attempts[0]:  # the gap, too, is to that bound: what fitting the arena cost included
             t = p.meta["predicted_seconds"]
             p.meta["gap"] = max(0.0, (t - bound) / t)
+    if formulation == "all-fast" and budget is not None:
+        # all-fast ignores the budget: it must not claim to fit one it exceeds
+        held = p.meta["peak_fast_with_workspace_bytes"]
+        p.meta["fits_budget"] = fits = held <= budget_bytes and (p.arena_bytes or 0) <= budget_bytes
+        p.meta["arena_fits"] = p.arena_bytes is None or p.arena_bytes <= budget_bytes
+        if not fits:
+            p.meta["warning"] = (f"all-fast ignores the budget: it holds {held:,} bytes at its busiest kernel"
+                                 + (f" ({p.arena_bytes:,} in its arena)" if p.arena_bytes else "")
+                                 + f", {max(held, p.arena_bytes or 0) / max(budget_bytes, 1):.2f}x the budget of "
+                                 f"{budget_bytes:,} bytes")
+    else:
+        p.meta["fits_budget"] = limit is None or p.meta.get("arena_fits", True)
     if not fitting:
+        p.meta["fits_budget"] = False
         p.meta["warning"] = (f"the arena ({p.arena_bytes:,} bytes) exceeds the budget ({limit:,} bytes) after "
                              f"{len(attempts) - 1} re-solves with a lower budget"
                              + (f"; {p.meta['warning']}" if "warning" in p.meta else ""))
@@ -281,7 +300,7 @@ def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, w
                                          # (a re-solve starts near the previous plan: lru, the
                                          # quick one, is only the start should that fail;
                                          # first-touch took 6 s of densenet264 cpu 8:1's re-solve)
-                                         ("lru",) if previous is not None else ("lru", "first-touch")))
+                                         ("lru",) if previous is not None else ("lru", "first-touch"), pinned))
         sync_start = start  # the best start a synchronous model can take (for the fallback)
         reference = previous if (warm_start and not direct) else None
         if reference is not None:
@@ -393,14 +412,21 @@ def _best_direct_start(graph, cost_model, budget_bytes, validation_budget, ilp, 
     return (best[0], best[1]) if best else None
 
 
-def _best_baseline(graph, cost_model, budget, workspace, min_tensor_bytes, kinds=("lru", "first-touch")):
+def _best_baseline(graph, cost_model, budget, workspace, min_tensor_bytes, kinds=("lru", "first-touch"),
+                   pinned: frozenset[int] = frozenset()):
     """The fastest feasible baseline plan, as a warm start for the ILP. The baselines keep
     the tensors the ILP does not move (those under `min_tensor_bytes`, ilp.min_tensor_bytes_for)
     in fast memory, so that the start is a solution of the model."""
     best = None
     small = frozenset(t.id for t in graph.tensors if t.nbytes < min_tensor_bytes)
-    for name, make in (("lru", lru_plan), ("first-touch", first_touch_plan)):
-        if name not in kinds:
+
+    def tightest(graph, budget, ms, keep_fast, workspace):
+        return dataclasses.replace(tightest_staged_plan(graph, pinned, ms, min_bytes=min_tensor_bytes),
+                                   budget_bytes=budget)
+    # the tightest plan (every segment out of fast memory) is a solution of the model at
+    # every budget from its floor: the start of last resort, where lru's plans break a row
+    for name, make in (("lru", lru_plan), ("first-touch", first_touch_plan), ("tightest", tightest)):
+        if name not in kinds and not (name == "tightest" and best is None):
             continue
         try:
             p = make(graph, budget, cost_model.memory_system, keep_fast=small, workspace=workspace)
