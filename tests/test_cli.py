@@ -57,7 +57,7 @@ def test_plan_and_run_json_on_the_real_file_tier(tmp_path):
     # at the smallest budget the planner fits on this CPU (its oneDNN's workspaces decide
     # whether 4:1 does: it did not on an AVX2-only EPYC), which moves tensors anywhere
     r = autotm("plan", "resnet50", "--memory", "cpu+file", "--budget", "min", "--formulation", "synchronous",
-               "--cache", cache, "-o", str(plan_file), "--json")
+               "--time-limit", "20", "--cache", cache, "-o", str(plan_file), "--json")
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)
     for key in ("status", "predicted_seconds", "solve_seconds", "gap", "bytes_to_slow", "bytes_to_fast", "moves",
@@ -67,7 +67,7 @@ def test_plan_and_run_json_on_the_real_file_tier(tmp_path):
     assert json.loads(plan_file.read_text())["version"] == 1
     minimum = s["budget_bytes"]
     r = autotm("run", "resnet50", "--memory", "cpu+file", "--budget", "min", "--formulation", "synchronous",
-               "--cache", cache, "--iterations", "2", "--verify", "--json")
+               "--time-limit", "20", "--cache", cache, "--iterations", "2", "--verify", "--json")
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)
     for key in ("measured_seconds", "predicted_seconds", "peak_fast_bytes", "budget_bytes", "identical"):

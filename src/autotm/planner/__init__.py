@@ -27,7 +27,8 @@ from .static import all_slow_plan, first_touch_direct_plan, solve_static
 FORMULATIONS = ("static", "synchronous", "asynchronous")
 BASELINES = ("all-fast", "first-touch", "lru", "all-slow")
 
-RESOLVE_SHARE = 0.5  # the least share of time_limit an arena re-solve has (the first solve leaves it)
+RESOLVE_SHARE = 0.5  # the share of time_limit the first solve leaves for an arena re-solve
+MIN_SOLVE_SHARE = 0.05  # no re-solve starts with less of time_limit left
 POLISH_SHARE = 0.2  # the least share left after a plan that fits for one more solve from it
 
 __all__ = ["plan", "laid_out", "smallest_feasible_budget", "FORMULATIONS", "BASELINES", "InfeasibleBudget"]
@@ -58,9 +59,10 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
             "all-slow" (direct access only).
         window: async moves may overlap kernels up to this many positions from the use.
         time_limit, mip_gap: solver limits; on a time limit the best plan found is
-            returned with its gap in plan.meta["gap"]. The arena's re-solves (below)
-            share the limit: each has what is left of it, or RESOLVE_SHARE (50 %) of it
-            if more. meta["solve_seconds"] is the solver's time over all of them.
+            returned with its gap in plan.meta["gap"]. The limit bounds the whole call:
+            the arena's re-solves (below) have what is left of it, none starts with
+            less than MIN_SOLVE_SHARE (5 %) left. meta["solve_seconds"] is the solver's
+            time over all of them.
         pin_params: keep weights, optimizer state, buffers, the batch and the loss in
             fast memory outside the budget (the original AutoTM's accounting).
         arena: give every fast residency a static offset in one arena (planner/arena.py)
@@ -149,14 +151,20 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
     polished = False
     resolves = 0
     while True:
+        left = time_limit - (time.perf_counter() - t0)
         if attempts:
-            # the re-solves share the call's time limit: what is left, but at least
-            # RESOLVE_SHARE of it each (re-solving with the full limit each time made
-            # densenet264 cpu 8:1's 30 s plan take 189 s, and the demo's asynchronous 8 s
-            # plan 17 s)
-            opts["time_limit"] = max(time_limit - (time.perf_counter() - t0), time_limit * RESOLVE_SHARE)
+            # the re-solves share the call's time limit: what is left of it (re-solving
+            # with the full limit each time made densenet264 cpu 8:1's 30 s plan take
+            # 189 s; with at least half of it each, a 2:1 BERT plan took 153 s of a 60 s
+            # limit): the limit bounds the whole call
+            if formulation in FORMULATIONS and left < MIN_SOLVE_SHARE * time_limit:
+                attempts[-1].meta["warning"] = "the time limit left no time for another re-solve"
+                break
+            opts["time_limit"] = left
         elif resumable:
-            opts["time_limit"] = time_limit * (1 - RESOLVE_SHARE)
+            opts["time_limit"] = min(time_limit * (1 - RESOLVE_SHARE), left)
+        else:
+            opts["time_limit"] = max(left, MIN_SOLVE_SHARE * time_limit)
         try:
             p, meta = _solve(graph, cost_model, formulation, budget_bytes - cut, validation_budget - cut, **opts,
                              previous=attempts[-1] if attempts else None)
@@ -352,8 +360,11 @@ def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, w
             # the chain's share of the time found nothing (inception_v4 cpu 8:1, where the
             # small tensors move too): a synchronous plan, which is an asynchronous one, with
             # the whole limit, from the synchronous plan or baseline (so that there is one)
+            # (with what the chain left, not the whole limit again: its start, a plan, is
+            # returned at the limit)
             p, stats = solve(graph, cost_model, budget_bytes, formulation="synchronous",
-                             **dict({k: v for k, v in ilp.items() if k != "reference"}, time_limit=time_limit),
+                             **dict({k: v for k, v in ilp.items() if k != "reference"},
+                                    time_limit=left(1) if sync_start else time_limit),
                              verbose=verbose, warm_start=sync_start[0] if sync_start else None)
             p = dataclasses.replace(p, planner=formulation)
             stats.bound = float("nan")  # (the synchronous model's bound is none for asynchronous plans)

@@ -151,7 +151,7 @@ def _at_peak(graph: TrainingGraph, need: np.ndarray, ws: np.ndarray, prefix: str
         return Floor(max(0, int(need[k])), k, prefix + what)
     what = kernel_needs(graph, k, int(ws[k]))
     rest = int(need[k]) - int(operand_bytes(graph)[k]) - int(ws[k])
-    if rest > 0:  # (the batch and the loss between their uses, tensors too small to move, ...)
+    if rest >= 2**16:  # (the batch and the loss between their uses, tensors too small to move, ...)
         what += f", and {_mb(rest)} of other tensors that stay fast there"
     return Floor(max(0, int(need[k])), k, prefix + what)
 
@@ -194,8 +194,9 @@ def kernel_needs(graph: TrainingGraph, k: int, workspace: int) -> str:
     kern = graph.kernels[k]
     ops = [graph.tensors[t] for t in dict.fromkeys(kern.inputs + kern.outputs)]
     total = sum(t.nbytes for t in ops)
-    params = sorted({t.state_key.split(":", 1)[1] for t in ops
-                     if t.state_key and t.state_key.startswith("param:")})
+    # the parameter an update is for: its own state key, or its optimizer state's
+    # ("opt:layer4.0.conv2.weight:momentum_buffer")
+    params = sorted({_parameter_of(t.state_key) for t in ops if t.state_key} - {None})
     if kern.phase == "optimizer" and params:
         parts = []
         for t in sorted(ops, key=lambda t: -t.nbytes):
@@ -205,6 +206,8 @@ def kernel_needs(graph: TrainingGraph, k: int, workspace: int) -> str:
                 name = "parameter"
             elif t.role == Role.OPTIMIZER_STATE and t.state_key:
                 name = t.state_key.rsplit(":", 1)[1].replace("_buffer", "").replace("_", " ")
+            elif t.role == Role.UPDATE:
+                name = "a temporary of the update"
             else:
                 name = t.role.value
             if name not in parts:
@@ -217,6 +220,15 @@ def kernel_needs(graph: TrainingGraph, k: int, workspace: int) -> str:
     if workspace:
         what += f" and workspace ({_mb(workspace)})"
     return what
+
+
+def _parameter_of(state_key: str) -> str | None:
+    kind, _, rest = state_key.partition(":")
+    if kind == "param":
+        return rest
+    if kind == "opt" and ":" in rest:
+        return rest.rsplit(":", 1)[0]
+    return None
 
 
 def _mb(n: int) -> str:

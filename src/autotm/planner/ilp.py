@@ -682,9 +682,11 @@ def solve_model(h, highspy, lp, x0, constant: float, time_limit: float, stats: I
         # demo's asynchronous planning 19 s instead of 10).
         x = _best_continuous(highspy, lp, x)
         obj_x = float(lp.col_cost_ @ x + constant)
-        if lower(info.objective_function_value) and status == highspy.HighsModelStatus.kOptimal:
+        left = time_limit - stats.solve_seconds  # (the call's limit bounds both runs)
+        if lower(info.objective_function_value) and status == highspy.HighsModelStatus.kOptimal and left > 0.1:
             h.passModel(lp)
-            y, info2, status2 = _run(h, highspy, lp, None, time_limit, stats)
+            h.setOptionValue("time_limit", float(left))
+            y, info2, status2 = _run(h, highspy, lp, None, left, stats)
             if y is not None and float(lp.col_cost_ @ y + constant) < obj_x:
                 x, info, status = y, info2, status2
                 obj_x = float(lp.col_cost_ @ x + constant)
