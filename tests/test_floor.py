@@ -265,3 +265,34 @@ def test_the_demo_falls_back_to_the_smallest_budget_every_planner_fits():
         if name != "all-fast":
             validate(p, g, budget_bytes=budget, reserved_bytes=np.array(inflated.workspace_bytes))
     assert demo_budget(g, inflated, "min") == (budget, None)
+
+
+def test_the_demo_runs_where_4_to_1_is_infeasible(tmp_path, monkeypatch):
+    """`autotm demo` on a machine whose convolution backward needs a workspace twice the
+    iteration's peak (another CPU's oneDNN, by construction: the real profile, its
+    largest such workspace inflated): one line says 4:1 is infeasible, every planner runs
+    at the fallback budget, bit-identical to eager PyTorch."""
+    from rich.console import Console
+
+    import autotm.profile as profile_module
+    from autotm.demo import run_demo
+
+    real = profile_module.profile
+
+    def other_cpu(graph, *args, **kwargs):
+        out = real(graph, *args, **kwargs)
+        cm, stats = out if isinstance(out, tuple) else (out, None)
+        ws = list(cm.workspace(len(graph.kernels)))
+        k = max((k for k in graph.kernels if k.op == "aten.convolution_backward.default"),
+                key=lambda k: ws[k.index]).index
+        ws[k] = 2 * graph.peak_live_bytes
+        cm = dataclasses.replace(cm, workspace_bytes=tuple(int(w) for w in ws))
+        return (cm, stats) if isinstance(out, tuple) else cm
+    monkeypatch.setattr(profile_module, "profile", other_cpu)
+    console = Console(record=True, width=400)
+    assert run_demo(console, budget="4:1", out=str(tmp_path), iterations=1, time_limit=4.0)
+    text = console.export_text()
+    notes = [line for line in text.splitlines() if "is infeasible on this machine" in line]
+    assert len(notes) == 1 and notes[0].startswith("note: 4:1") and "aten.convolution_backward" in notes[0]
+    assert "(fallback)" in text and "error" not in text.lower()
+    assert (tmp_path / "demo.png").exists()
