@@ -296,3 +296,41 @@ def test_the_demo_runs_where_4_to_1_is_infeasible(tmp_path, monkeypatch):
     assert len(notes) == 1 and notes[0].startswith("note: 4:1") and "aten.convolution_backward" in notes[0]
     assert "(fallback)" in text and "error" not in text.lower()
     assert (tmp_path / "demo.png").exists()
+
+
+def test_compile_fails_fast_under_the_floor_and_trains_at_min(tmp_path):
+    """autotm.compile: a budget the graph alone rules out raises InfeasibleBudget before
+    any profile (no cache written); budget="min" trains at the smallest feasible budget,
+    bit for bit like eager PyTorch."""
+    import torch
+    from torch import nn
+
+    def net():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+
+    data = [(torch.randn(8, 64), torch.randint(0, 10, (8,))) for _ in range(3)]
+    loss_fn = nn.CrossEntropyLoss()
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    cache = tmp_path / "cache.sqlite"
+    with pytest.raises(autotm.InfeasibleBudget) as e:
+        autotm.compile(model, loss_fn, opt, data[0], budget=1000, formulation="lru", cache=str(cache))
+    assert not e.value.exact and e.value.minimum > 1000 and not cache.exists()
+    eager = net()
+    eager_opt = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
+    step = autotm.compile(model, loss_fn, opt, data[0], budget="min", formulation="lru", cache=str(cache))
+    try:
+        minimum = step.plan.meta["budget_bytes"]
+        assert minimum == autotm.planner.smallest_feasible_budget(step.graph, step.cost_model, "lru").bytes
+        assert step.plan.meta["bytes_to_slow"] > 0
+        for x, y in data:
+            eager_opt.zero_grad(set_to_none=True)
+            expected = loss_fn(eager(x), y)
+            expected.backward()
+            eager_opt.step()
+            assert torch.equal(step(x, y), expected.detach())
+        for (n, a), b in zip(eager.state_dict().items(), model.state_dict().values()):
+            assert torch.equal(a, b), n
+    finally:
+        step.close()
