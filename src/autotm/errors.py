@@ -27,7 +27,7 @@ class InfeasibleBudget(AutotmError, ValueError):
         of = f"{planner} " if planner else ""
         tail = (f"the smallest feasible budget{' for ' + planner if planner else ''} is {self.minimum:,} bytes "
                 f"(--budget min plans there)" if exact else
-                f"the smallest feasible budget is at least that (found before profiling: the kernels' "
-                f"workspaces may add to it; --budget min plans at it)")
+                "the smallest feasible budget is at least that (found before profiling: the kernels' "
+                "workspaces may add to it; --budget min plans at it)")
         super().__init__(f"no {of}plan fits a fast budget of {self.budget:,} bytes: {where} needs at least "
                          f"{self.minimum:,} bytes ({self.minimum / 2**20:.1f} MiB) in fast memory at once; {tail}")

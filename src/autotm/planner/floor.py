@@ -29,7 +29,7 @@ import numpy as np
 from ..graph import Role, TrainingGraph
 from ..plan import Action, Plan, TensorPlan
 from .segments import carried_pairs, tensor_segments
-from .static import FIXED_FAST, movable
+from .static import movable
 
 NO_BUDGET = ("all-fast", "all-slow")
 
@@ -286,5 +286,5 @@ def tightest_first_touch(graph: TrainingGraph, memory_system: str = "cpu+file") 
     return _first_touch(graph, 0, memory_system, 0, frozenset(), _uses(graph))
 
 
-__all__ = ["Floor", "Accounting", "accounting", "smallest_feasible", "check_before_profile", "kernel_needs", "tightest_staged_plan",
-           "FIXED_FAST"]
+__all__ = ["Floor", "Accounting", "accounting", "smallest_feasible", "check_before_profile", "kernel_needs",
+           "tightest_staged_plan", "tightest_direct_plan"]
