@@ -5,7 +5,7 @@ execute -> RunReport. See README.md.
 """
 
 from .capture import capture
-from .errors import AutotmError, CaptureError, GraphError, ReplayError
+from .errors import AutotmError, CaptureError, GraphError, InfeasibleBudget, ReplayError
 from .graph import Kernel, Role, Tensor, TrainingGraph, check
 from .replay import Replay, TrainingState, replay_step
 
@@ -40,6 +40,7 @@ __all__ = [
     "AutotmError",
     "CaptureError",
     "GraphError",
+    "InfeasibleBudget",
     "Kernel",
     "Replay",
     "ReplayError",

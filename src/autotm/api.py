@@ -88,6 +88,11 @@ class CompiledStep:
         self.memory = make_memory_system(memory, slow_dir=slow_dir) if isinstance(memory, str) else memory
         plan_options.setdefault("time_limit", COMPILE_TIME_LIMIT)
         try:
+            if not plan_options.get("pin_params"):
+                # an infeasible budget fails now, before the minutes of the profile
+                from .planner.floor import check_before_profile
+
+                check_before_profile(self.graph, budget, formulation, self.memory.access)
             inputs = TrainingState(self.graph, model, optimizer).inputs(tuple(example_batch))
             stage("profile", f"{len(self.graph.kernels)} kernels on {self.memory.name}")
             self.cost_model, self.profile_stats = profile(
@@ -182,6 +187,9 @@ def compile(model: torch.nn.Module, loss_fn, optimizer: torch.optim.Optimizer, e
     `progress`: True prints each stage (capture, profile, plan) on stderr as it goes; a
     callable gets progress(stage, done, total, what); quiet by default. `plan_options` go
     to autotm.planner.plan; `time_limit` defaults to COMPILE_TIME_LIMIT (10 s) here.
+    `budget`: bytes ("6GB"), a slow:fast ratio ("4:1"), or "min", the smallest budget at
+    which `formulation` finds a plan. A budget under that raises autotm.InfeasibleBudget,
+    which states it (before the profile where the graph alone shows it).
 
     Example:
         >>> step = autotm.compile(model, nn.CrossEntropyLoss(), opt, (x, y), budget="4:1")

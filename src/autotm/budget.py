@@ -1,5 +1,6 @@
 """Fast-memory budgets: absolute bytes ("6GB", "512MiB", 123) or the paper's slow:fast ratios.
 
+"min" is the smallest budget at which the planner finds a plan (planner/floor.py).
 A ratio "r:1" (slow:fast) means fast = peak_live / (r + 1): "0:1" is all fast, "1:0" all
 slow, and the paper's common ratios are 1:0, 8:1, 4:1, 1:1, 0:1.
 """
@@ -30,6 +31,13 @@ def parse_ratio(text: str) -> Fraction | None:
     return None if fast == 0 else slow / fast
 
 
+MINIMUM = "min"  # the smallest budget the planner finds a plan at (planner/floor.py)
+
+
+def is_minimum(budget) -> bool:
+    return isinstance(budget, str) and budget.strip().lower() == MINIMUM
+
+
 def is_ratio(text) -> bool:
     return isinstance(text, str) and ":" in text
 
@@ -40,6 +48,8 @@ def parse_budget(budget, peak_live_bytes: int) -> int:
         raise ValueError("a budget is needed: bytes (e.g. 6GB, 512MiB) or a slow:fast ratio (e.g. 4:1)")
     if isinstance(budget, bool):
         raise ValueError(f"not a budget: {budget!r}")
+    if is_minimum(budget):
+        raise ValueError("budget 'min' is the planner's smallest feasible budget: only plan() knows it")
     if isinstance(budget, int):
         if budget < 0:
             raise ValueError(f"budget must be non-negative, got {budget}")
@@ -50,5 +60,5 @@ def parse_budget(budget, peak_live_bytes: int) -> int:
         return 0 if r is None else int(Fraction(peak_live_bytes) / (r + 1))
     m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-zA-Z]*)", text)
     if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"not a budget: {text!r} (use bytes like 6GB, 512MiB, 1048576, or a ratio like 4:1)")
+        raise ValueError(f"not a budget: {text!r} (use bytes like 6GB, 512MiB, 1048576, a ratio like 4:1, or min)")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])

@@ -87,7 +87,7 @@ def graph(
 
 
 MEMORY_OPT = typer.Option("cpu+file", "--memory", "-m", help="cpu+file (default), cpu+mmap, cpu+numa, or sim:SPEC (optane, cxl, nvme, pcie-host; optane-xeon, nvme-xeon with a server's compute peak).")
-BUDGET_OPT = typer.Option(None, "--budget", "-B", help="Fast-memory budget: bytes (6GB, 512MiB) or slow:fast ratio (4:1).")
+BUDGET_OPT = typer.Option(None, "--budget", "-B", help="Fast-memory budget: bytes (6GB, 512MiB), slow:fast ratio (4:1), or min (the planner's smallest feasible).")
 FORMULATION_OPT = typer.Option("asynchronous", "--formulation", "-f", help="synchronous, asynchronous (ILP) or a baseline: all-fast, first-touch, lru.")
 CACHE_OPT = typer.Option(None, "--cache", help="Profile cache file (SQLite); default in the user's cache directory.")
 
@@ -120,23 +120,43 @@ GAP_OPT = typer.Option(0.01, "--mip-gap", help="Relative optimality gap at which
 PIN_OPT = typer.Option(False, "--pin-params", help="Keep weights, optimizer state and I/O fast, outside the budget (the paper's accounting).")
 
 
-def _prepare(model, preset, batch, image, memory, cache):
+def _prepare(model, preset, batch, image, memory, cache, budget=None, formulation="all-fast", pin_params=False):
+    from .planner.floor import check_before_profile
     from .profile import profile_workload
 
     w = _workload(model, preset, batch, image)
+
+    def check(graph) -> None:  # an infeasible budget fails after the capture, not after the profile
+        if not pin_params:
+            check_before_profile(graph, budget, formulation, _access(memory))
     with console.status(f"capturing and profiling {w.name} on {memory} ...", spinner="dots"):
-        graph, cm, _ = profile_workload(w, memory, cache)
+        graph, cm, _ = profile_workload(w, memory, cache, before_profile=check)
     return w, graph, cm
+
+
+def _access(memory: str) -> str:
+    """"staged" or "direct": how kernels of `memory` reach slow memory (before building it)."""
+    if memory.startswith("sim:"):
+        from .profile import load_spec
+
+        return load_spec(memory).access
+    return "direct" if memory in ("cpu+mmap", "cpu+numa") else "staged"
+
+
+def _warn(p) -> None:
+    """A plan's warning (its arena, or all-fast over the budget) on stderr, also with --json."""
+    if p.meta.get("warning"):
+        err_console.print(f"[yellow]warning:[/yellow] {p.meta['warning']}", highlight=False, soft_wrap=True)
 
 
 def _check_budget(budget: str | None, formulation: str) -> None:
     """A missing or malformed budget is an error before the capture and the profile (a
     typo in --budget cost a whole profile before)."""
-    from .budget import parse_budget
+    from .budget import is_minimum, parse_budget
 
     if budget is None and formulation != "all-fast":
         raise ValueError("a budget is needed: --budget 6GB, 512MiB or a slow:fast ratio such as 4:1")
-    if budget is not None:
+    if budget is not None and not is_minimum(budget):
         parse_budget(budget, 1)  # a ratio's bytes come later, from the graph's peak
 
 
@@ -152,7 +172,7 @@ def _plan_summary(p) -> dict:
         # fragmentation: the arena a static layout of the fast tensors needs, against the budget
         "requested_budget_bytes": m.get("requested_budget_bytes"), "arena_bytes": m.get("arena_bytes"),
         "arena_fits": m.get("arena_fits"), "defrag_retries": m.get("defrag_retries", 0),
-        "warning": m.get("warning"),
+        "warning": m.get("warning"), "fits_budget": m.get("fits_budget"),
     }
 
 
@@ -177,13 +197,14 @@ def plan(
     from .planner import plan as make_plan
 
     _check_budget(budget, formulation)
-    w, graph, cm = _prepare(model, preset, batch, image, memory, cache)
+    w, graph, cm = _prepare(model, preset, batch, image, memory, cache, budget, formulation, pin_params)
     with console.status(f"planning ({formulation}) ...", spinner="dots") if not as_json else _null():
         p = make_plan(graph, cm, budget, formulation, **_plan_options(window, time_limit, mip_gap, pin_params))
     if output:
         p.save(output)
     s = _plan_summary(p)
     if as_json:
+        _warn(p)
         print(json.dumps(s))
         return
     t = Table(title=f"{w.name}: {formulation} plan on {p.memory_system}" + (" (simulated)" if s["simulated"] else ""),
@@ -234,8 +255,9 @@ def run(
     _check_budget(budget, formulation)
     if iterations < 1:
         raise ValueError("--iterations must be at least 1")
-    w, graph, cm = _prepare(model, preset, batch, image, memory, cache)
+    w, graph, cm = _prepare(model, preset, batch, image, memory, cache, budget, formulation, pin_params)
     p = make_plan(graph, cm, budget, formulation, **_plan_options(window, time_limit, mip_gap, pin_params))
+    _warn(p)
     with make_memory_system(memory) as ms:
         with console.status(f"running {iterations} iterations ...", spinner="dots") if not as_json else _null():
             r = run_workload(w, graph, cm, p, ms, iterations=iterations, verify=verify)

@@ -54,11 +54,14 @@ def run_demo(console: Console, *, model: str = "resnet50", budget: str = "4:1", 
         del inputs
     console.print(f"captured {len(graph.kernels):,} kernels ({graph.unique_signatures} unique), peak "
                   f"{_mib(graph.peak_live_bytes)}; profile: {stats.message()}")
+    budget_bytes, note = demo_budget(graph, cm, budget, PLANNERS)
+    if note:
+        console.print(note, highlight=False)
     rows = []
     with make_memory_system("cpu+file") as ms:
         for name in PLANNERS:
             with console.status(f"{name}: planning ...", spinner="dots"):
-                p = make_plan(graph, cm, None if name == "all-fast" else budget, name, time_limit=time_limit)
+                p = make_plan(graph, cm, None if name == "all-fast" else budget_bytes, name, time_limit=time_limit)
             with console.status(f"{name}: running {iterations} iterations ...", spinner="dots"):
                 r = run_workload(w, graph, cm, p, ms, iterations=iterations, verify=True, reference=ref)
             rows.append((name, p, r))
@@ -66,7 +69,8 @@ def run_demo(console: Console, *, model: str = "resnet50", budget: str = "4:1", 
     from rich import box
 
     # no vertical rules: the eight columns fit an 80-column terminal with full headers
-    t = Table(title=f"{w.name}, cpu+file, budget {budget} = {_mib(rows[1][1].meta['budget_bytes'])}",
+    shown = budget if note is None else "(fallback)"
+    t = Table(title=f"{w.name}, cpu+file, budget {shown} = {_mib(rows[1][1].meta['budget_bytes'])}",
               box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True, pad_edge=False)
     for col in ("planner", "pred s", "meas s", "x fast", "peak MiB", "moved MiB", "solve s", "exact"):
         t.add_column(col, justify="left" if col == "planner" else "right", no_wrap=True, min_width=len(col))
@@ -81,9 +85,30 @@ def run_demo(console: Console, *, model: str = "resnet50", budget: str = "4:1", 
     console.print(t)
     console.print("pred/meas s: predicted and measured seconds per iteration; x fast: measured time over all-fast's; "
                   "exact: loss, gradients, weights and optimizer state bit-identical to eager PyTorch")
-    path = _figure(rows, w.name, budget, out)
+    path = _figure(rows, w.name, budget if note is None else _mib(budget_bytes), out)
     console.print(f"figure: {path}  (total {time.perf_counter() - t_start:.0f} s)")
     return ok
+
+
+def demo_budget(graph, cost_model, budget, planners=PLANNERS) -> tuple[int, str | None]:
+    """The budget (bytes) every planner of the demo plans at: `budget`, or, where that is
+    infeasible on this machine (its kernels' workspaces, which depend on the algorithms
+    oneDNN picks for this CPU, can need more fast memory than another's), the smallest
+    budget at which all of them find a plan; with a one-line note saying so (None when
+    `budget` is kept)."""
+    from .budget import is_minimum, parse_budget
+    from .planner import smallest_feasible_budget
+
+    floors = {name: smallest_feasible_budget(graph, cost_model, name) for name in planners if name != "all-fast"}
+    name, floor = max(floors.items(), key=lambda kv: kv[1].bytes)
+    if is_minimum(budget):
+        return floor.bytes, None
+    base = smallest_feasible_budget(graph, cost_model, "all-fast").bytes  # what a ratio is of
+    wanted = parse_budget(budget, base)
+    if wanted >= floor.bytes:
+        return wanted, None
+    return floor.bytes, (f"note: {budget} ({_mib(wanted)}) is infeasible on this machine: {name} needs at least "
+                         f"{_mib(floor.bytes)} ({floor.what}); running every planner at that budget instead")
 
 
 def _figure(rows, name: str, budget: str, out: str) -> str:

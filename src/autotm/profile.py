@@ -1505,16 +1505,21 @@ def capture_real(w, seed: int = 0):
 
 
 def profile_workload(w, memory: str = "cpu+file", cache=None, *, recache: bool = False,
-                     progress: Progress | None = None):
-    """Capture `w` (fake for sim:<spec>, real otherwise) and profile it: (graph, CostModel, ProfileStats)."""
+                     progress: Progress | None = None, before_profile=None):
+    """Capture `w` (fake for sim:<spec>, real otherwise) and profile it: (graph, CostModel, ProfileStats).
+    `before_profile(graph)` runs between the two (a budget checked before minutes of profile)."""
     if memory.startswith("sim:"):
         from .workloads import capture_workload
 
         graph = capture_workload(w, fake=True)
+        if before_profile is not None:
+            before_profile(graph)
         cm, stats = profile(graph, memory, cache, recache=recache, return_stats=True)
         return graph, cm, stats
     graph, model, opt, batch, inputs = capture_real(w)
     del model, opt, batch
+    if before_profile is not None:
+        before_profile(graph)
     cm, stats = profile(graph, memory, cache, inputs=inputs, recache=recache, progress=progress,
                         return_stats=True)
     return graph, cm, stats

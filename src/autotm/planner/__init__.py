@@ -10,11 +10,9 @@ import dataclasses
 import math
 import time
 
-import numpy as np
-
-from ..budget import parse_budget
+from ..budget import is_minimum, parse_budget
 from ..costmodel import CostModel
-from ..graph import Role, TrainingGraph
+from ..graph import TrainingGraph
 from ..plan import Plan
 from ..simulate import simulate
 from ..validate import validate
@@ -22,17 +20,30 @@ from ..tiers.base import PAGE
 from .arena import with_arena
 from .baselines import all_fast, first_touch_plan, lru_plan
 from .direct import solve_direct
-from .ilp import InfeasibleBudget, default_min_tensor_bytes, min_tensor_bytes_for, smallest_budget, solve_staged
+from .floor import Floor, accounting, smallest_feasible, tightest_staged_plan
+from .ilp import InfeasibleBudget, default_min_tensor_bytes, min_tensor_bytes_for, solve_staged
 from .static import all_slow_plan, first_touch_direct_plan, solve_static
 
 FORMULATIONS = ("static", "synchronous", "asynchronous")
 BASELINES = ("all-fast", "first-touch", "lru", "all-slow")
-PINNED_ROLES = (Role.WEIGHT, Role.BUFFER, Role.OPTIMIZER_STATE, Role.INPUT, Role.SCALAR, Role.CONSTANT, Role.OUTPUT)
 
-RESOLVE_SHARE = 0.5  # the least share of time_limit an arena re-solve has (the first solve leaves it)
+RESOLVE_SHARE = 0.5  # the share of time_limit the first solve leaves for an arena re-solve
+MIN_SOLVE_SHARE = 0.05  # no re-solve starts with less of time_limit left
 POLISH_SHARE = 0.2  # the least share left after a plan that fits for one more solve from it
 
-__all__ = ["plan", "laid_out", "FORMULATIONS", "BASELINES", "InfeasibleBudget"]
+__all__ = ["plan", "laid_out", "smallest_feasible_budget", "FORMULATIONS", "BASELINES", "InfeasibleBudget"]
+
+
+def smallest_feasible_budget(graph: TrainingGraph, cost_model: CostModel, formulation: str, *,
+                             pin_params: bool = False) -> Floor:
+    """The smallest budget (bytes, as plan() takes it) at which `formulation` finds a plan
+    for `graph` on `cost_model`'s memory system, and what needs it there (floor.py):
+    plan(..., budget="min") plans at it, and InfeasibleBudget states it."""
+    acc = accounting(graph, cost_model.workspace(len(graph.kernels)), pin_params)
+    if formulation == "all-fast":
+        held = graph.live_bytes - acc.extra if acc.extra is not None else graph.live_bytes
+        return Floor(int((held + acc.workspace).max()) if len(held) else 0, None, "all-fast's peak")
+    return smallest_feasible(graph, formulation, cost_model.access, acc, cost_model.memory_system)
 
 
 def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str = "asynchronous", *,
@@ -48,9 +59,10 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
             "all-slow" (direct access only).
         window: async moves may overlap kernels up to this many positions from the use.
         time_limit, mip_gap: solver limits; on a time limit the best plan found is
-            returned with its gap in plan.meta["gap"]. The arena's re-solves (below)
-            share the limit: each has what is left of it, or RESOLVE_SHARE (50 %) of it
-            if more. meta["solve_seconds"] is the solver's time over all of them.
+            returned with its gap in plan.meta["gap"]. The limit bounds the whole call:
+            the arena's re-solves (below) have what is left of it, none starts with
+            less than MIN_SOLVE_SHARE (5 %) left. meta["solve_seconds"] is the solver's
+            time over all of them.
         pin_params: keep weights, optimizer state, buffers, the batch and the loss in
             fast memory outside the budget (the original AutoTM's accounting).
         arena: give every fast residency a static offset in one arena (planner/arena.py)
@@ -83,28 +95,25 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
     if not direct and formulation in ("static", "all-slow"):
         raise ValueError(f"{formulation} needs a direct-access memory system (cpu+mmap, cpu+numa, sim:optane, sim:cxl)")
 
-    pinned: frozenset[int] = frozenset()
-    extra = None
-    if pin_params:
-        pinned = frozenset(t.id for t in graph.tensors if t.role in PINNED_ROLES)
-        delta = np.zeros(len(graph.kernels) + 1, dtype=np.int64)
-        for t in graph.tensors:
-            if t.id in pinned:
-                delta[t.live[0]] += t.nbytes
-                delta[t.live[1] + 1] -= t.nbytes
-        extra = np.cumsum(delta[:-1])
     # each kernel's workspace (profiled) takes its share of the budget while it runs: the
-    # solvers' capacity at k is budget + pinned bytes - workspace
-    workspace = cost_model.workspace(len(graph.kernels))
-    solver_extra = extra
-    if workspace.any():
-        solver_extra = (extra if extra is not None else 0) - workspace
+    # solvers' capacity at k is budget + pinned bytes - workspace (floor.accounting)
+    acc = accounting(graph, cost_model.workspace(len(graph.kernels)), pin_params)
+    pinned, extra, workspace, solver_extra = acc.pinned, acc.extra, acc.workspace, acc.solver_extra
     # a ratio is of the bytes the plan decides on, what an all-fast iteration holds at its
     # busiest kernel (workspace included, so 1:0 needs no move): with pinned tensors, the paper's U
     held = graph.live_bytes - extra if extra is not None else graph.live_bytes
     base = int((held + workspace).max()) if len(held) else 0
-    budget_bytes = base if (budget is None and formulation == "all-fast") else parse_budget(budget, base)
-    validation_budget = budget_bytes + (int(extra.max()) if extra is not None else 0)
+    # the smallest budget this planner finds a plan at: "min" plans there, and a budget
+    # under it fails here, before any solve, naming what needs it
+    floor = (Floor(base, None, "") if formulation == "all-fast"
+             else smallest_feasible(graph, formulation, cost_model.access, acc, ms))
+    if budget is None and formulation == "all-fast" or is_minimum(budget):
+        budget_bytes = floor.bytes
+    else:
+        budget_bytes = parse_budget(budget, base)
+    if budget_bytes < floor.bytes and formulation != "all-fast":
+        raise InfeasibleBudget(budget_bytes, floor.bytes, floor.what, formulation)
+    validation_budget = budget_bytes + acc.flat_extra
     limit = None if formulation in ("all-fast", "all-slow") else validation_budget
     opts = dict(window=window, time_limit=time_limit, mip_gap=mip_gap, pinned=pinned, extra=solver_extra,
                 workspace=workspace if workspace.any() else None,
@@ -135,22 +144,27 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
     # and the half of the limit kept for one went unused (asynchronous predicted 4.64 s,
     # 31 % fragmentation; 4.00 s, 14 % with it all)
     staged = formulation in ("synchronous", "asynchronous") and not direct and arena and limit is not None
-    floor = smallest_budget(graph, solver_extra, pinned) if staged else None
     # it can resume from a plan (the reference of _solve): its first solve leaves time for
     # a re-solve, or, when the arena fits, for one more from that plan; not where even a
     # budget 1 % lower is infeasible (nor a polish there: the first solve has all of the limit)
-    resumable = staged and opts["warm_start"] and budget_bytes - max(1, budget_bytes // 100) >= floor
+    resumable = staged and opts["warm_start"] and budget_bytes - max(1, budget_bytes // 100) >= floor.bytes
     polished = False
     resolves = 0
     while True:
+        left = time_limit - (time.perf_counter() - t0)
         if attempts:
-            # the re-solves share the call's time limit: what is left, but at least
-            # RESOLVE_SHARE of it each (re-solving with the full limit each time made
-            # densenet264 cpu 8:1's 30 s plan take 189 s, and the demo's asynchronous 8 s
-            # plan 17 s)
-            opts["time_limit"] = max(time_limit - (time.perf_counter() - t0), time_limit * RESOLVE_SHARE)
+            # the re-solves share the call's time limit: what is left of it (re-solving
+            # with the full limit each time made densenet264 cpu 8:1's 30 s plan take
+            # 189 s; with at least half of it each, a 2:1 BERT plan took 153 s of a 60 s
+            # limit): the limit bounds the whole call
+            if formulation in FORMULATIONS and left < MIN_SOLVE_SHARE * time_limit:
+                attempts[-1].meta["warning"] = "the time limit left no time for another re-solve"
+                break
+            opts["time_limit"] = left
         elif resumable:
-            opts["time_limit"] = time_limit * (1 - RESOLVE_SHARE)
+            opts["time_limit"] = min(time_limit * (1 - RESOLVE_SHARE), left)
+        else:
+            opts["time_limit"] = max(left, MIN_SOLVE_SHARE * time_limit)
         try:
             p, meta = _solve(graph, cost_model, formulation, budget_bytes - cut, validation_budget - cut, **opts,
                              previous=attempts[-1] if attempts else None)
@@ -178,8 +192,8 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
         # densenet264 cpu 8:1's 12 %, 18 %, 19 %; each miss costs a solve)
         worst = max(worst, (p.arena_bytes, p.meta["peak_fast_with_workspace_bytes"]), key=lambda w: w[0] / w[1])
         next_cut = defrag_cut(cut, limit, *worst, budget_bytes)
-        if floor is not None:  # no lower than the smallest feasible budget: the most room for a layout there
-            next_cut = min(next_cut, budget_bytes - floor)
+        if staged:  # no lower than the smallest feasible budget: the most room for a layout there
+            next_cut = min(next_cut, budget_bytes - floor.bytes)
         if next_cut >= budget_bytes or next_cut < cut + budget_bytes // 100:
             break  # (a re-solve for less than 1 % less lays out much the same)
         cut = next_cut
@@ -200,7 +214,20 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
         if p is not attempts[0]:  # the gap, too, is to that bound: what fitting the arena cost included
             t = p.meta["predicted_seconds"]
             p.meta["gap"] = max(0.0, (t - bound) / t)
+    if formulation == "all-fast" and budget is not None:
+        # all-fast ignores the budget: it must not claim to fit one it exceeds
+        held = p.meta["peak_fast_with_workspace_bytes"]
+        p.meta["fits_budget"] = fits = held <= budget_bytes and (p.arena_bytes or 0) <= budget_bytes
+        p.meta["arena_fits"] = p.arena_bytes is None or p.arena_bytes <= budget_bytes
+        if not fits:
+            p.meta["warning"] = (f"all-fast ignores the budget: it holds {held:,} bytes at its busiest kernel"
+                                 + (f" ({p.arena_bytes:,} in its arena)" if p.arena_bytes else "")
+                                 + f", {max(held, p.arena_bytes or 0) / max(budget_bytes, 1):.2f}x the budget of "
+                                 f"{budget_bytes:,} bytes")
+    else:
+        p.meta["fits_budget"] = limit is None or p.meta.get("arena_fits", True)
     if not fitting:
+        p.meta["fits_budget"] = False
         p.meta["warning"] = (f"the arena ({p.arena_bytes:,} bytes) exceeds the budget ({limit:,} bytes) after "
                              f"{len(attempts) - 1} re-solves with a lower budget"
                              + (f"; {p.meta['warning']}" if "warning" in p.meta else ""))
@@ -281,7 +308,7 @@ def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, w
                                          # (a re-solve starts near the previous plan: lru, the
                                          # quick one, is only the start should that fail;
                                          # first-touch took 6 s of densenet264 cpu 8:1's re-solve)
-                                         ("lru",) if previous is not None else ("lru", "first-touch")))
+                                         ("lru",) if previous is not None else ("lru", "first-touch"), pinned))
         sync_start = start  # the best start a synchronous model can take (for the fallback)
         reference = previous if (warm_start and not direct) else None
         if reference is not None:
@@ -333,8 +360,11 @@ def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, w
             # the chain's share of the time found nothing (inception_v4 cpu 8:1, where the
             # small tensors move too): a synchronous plan, which is an asynchronous one, with
             # the whole limit, from the synchronous plan or baseline (so that there is one)
+            # (with what the chain left, not the whole limit again: its start, a plan, is
+            # returned at the limit)
             p, stats = solve(graph, cost_model, budget_bytes, formulation="synchronous",
-                             **dict({k: v for k, v in ilp.items() if k != "reference"}, time_limit=time_limit),
+                             **dict({k: v for k, v in ilp.items() if k != "reference"},
+                                    time_limit=left(1) if sync_start else time_limit),
                              verbose=verbose, warm_start=sync_start[0] if sync_start else None)
             p = dataclasses.replace(p, planner=formulation)
             stats.bound = float("nan")  # (the synchronous model's bound is none for asynchronous plans)
@@ -393,14 +423,21 @@ def _best_direct_start(graph, cost_model, budget_bytes, validation_budget, ilp, 
     return (best[0], best[1]) if best else None
 
 
-def _best_baseline(graph, cost_model, budget, workspace, min_tensor_bytes, kinds=("lru", "first-touch")):
+def _best_baseline(graph, cost_model, budget, workspace, min_tensor_bytes, kinds=("lru", "first-touch"),
+                   pinned: frozenset[int] = frozenset()):
     """The fastest feasible baseline plan, as a warm start for the ILP. The baselines keep
     the tensors the ILP does not move (those under `min_tensor_bytes`, ilp.min_tensor_bytes_for)
     in fast memory, so that the start is a solution of the model."""
     best = None
     small = frozenset(t.id for t in graph.tensors if t.nbytes < min_tensor_bytes)
-    for name, make in (("lru", lru_plan), ("first-touch", first_touch_plan)):
-        if name not in kinds:
+
+    def tightest(graph, budget, ms, keep_fast, workspace):
+        return dataclasses.replace(tightest_staged_plan(graph, pinned, ms, min_bytes=min_tensor_bytes),
+                                   budget_bytes=budget)
+    # the tightest plan (every segment out of fast memory) is a solution of the model at
+    # every budget from its floor: the start of last resort, where lru's plans break a row
+    for name, make in (("lru", lru_plan), ("first-touch", first_touch_plan), ("tightest", tightest)):
+        if name not in kinds and not (name == "tightest" and best is None):
             continue
         try:
             p = make(graph, budget, cost_model.memory_system, keep_fast=small, workspace=workspace)

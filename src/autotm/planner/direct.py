@@ -54,7 +54,8 @@ import numpy as np
 from ..costmodel import CostModel, operand_tensors
 from ..graph import TrainingGraph
 from ..plan import Action, Plan, TensorPlan
-from .ilp import MARGIN_BYTES, SCALE, ILPStats, InfeasibleBudget, _candidates, _Rows, _Vars, add_async_overlap, \
+from .ilp import MARGIN_BYTES, SCALE, ILPStats, InfeasibleBudget, _candidates, _feasible, _Rows, _Vars, \
+    add_async_overlap, \
     add_async_slowdown, \
     capacity_chain, set_async_overlap, \
     default_min_tensor_bytes, highs_model, solve_model
@@ -262,6 +263,16 @@ def solve_direct(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     x0 = (_warm_start_vector(warm_start, V.n, tv, configs, (y, z), async_terms, shares, cost.interference_share())
           if warm_start else None)
     x0 = fill(x0) if x0 is not None else None
+    if x0 is None or not _feasible(lp, x0):
+        # a start the model cannot take (first-touch's updated weights in another tier than
+        # their inputs broke 25 steady-state rows at inception_v4's floor, and the solver
+        # found no plan in 5 s): the tightest plan, a solution at every budget from the floor
+        from .floor import tightest_direct_plan
+
+        tight = _warm_start_vector(tightest_direct_plan(graph, pinned, cost.memory_system), V.n, tv, configs,
+                                   (y, z), async_terms, shares, cost.interference_share())
+        if tight is not None and _feasible(lp, fill(tight)):
+            x0 = tight
     x = solve_model(h, highspy, lp, x0, constant, time_limit, stats)
     if x is None:
         raise InfeasibleBudget(budget, need, f"kernel {need_k} ({graph.kernels[need_k].op})")

@@ -70,6 +70,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..costmodel import CostModel
+from ..errors import InfeasibleBudget  # noqa: F401  (raised here; re-exported)
 from ..graph import TrainingGraph
 from ..plan import Action, Plan, TensorPlan
 from .highs_worker import (REFERENCE_SHARE, RINS_SHARE, cheaper, feasible, improve_start, model_arrays, request,
@@ -87,16 +88,6 @@ MARGIN_BYTES = 0.0
 # demo's: 3k and 5k) solve in-process, without the process's start-up
 ISOLATE_MIN_INTEGERS = 10_000
 FEASIBILITY_TOL = 1e-9  # HiGHS's primal and MIP feasibility tolerances (capacity_chain)
-
-
-class InfeasibleBudget(ValueError):
-    """No plan fits the budget; the message states the smallest feasible budget."""
-
-    def __init__(self, budget: int, minimum: int, where: str):
-        self.budget, self.minimum = budget, minimum
-        super().__init__(f"no plan fits a fast budget of {budget:,} bytes: {where} needs at least "
-                         f"{minimum:,} bytes ({minimum / 2**20:.1f} MiB) in fast memory at once; "
-                         f"the smallest feasible budget is {minimum:,} bytes")
 
 
 @dataclass
@@ -565,6 +556,14 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
                                 cost.interference_share(), pairs) if p is not None else None)
         return fill(wakes.set(v)) if v is not None else None
     x0 = encoded(warm_start)
+    if x0 is None or not _feasible(lp, x0):
+        # a start the model cannot take (or none): the tightest plan, a solution wherever
+        # the budget is at least minimum_budget (floor.py), so that a plan is always found
+        from .floor import tightest_staged_plan
+
+        tight = encoded(tightest_staged_plan(graph, pinned, cost.memory_system, min_bytes=min_tensor_bytes))
+        if tight is not None and _feasible(lp, tight):
+            x0 = tight
     if x0 is not None and async_ and load_cols is not None:
         x0 = _overlap_greedily(x0, lp, seg_vars, cap_iv, rhs - x0[load_cols], (y, z), T, async_terms, shares,
                                cost.interference_share(), fill, wakes)
@@ -683,9 +682,11 @@ def solve_model(h, highspy, lp, x0, constant: float, time_limit: float, stats: I
         # demo's asynchronous planning 19 s instead of 10).
         x = _best_continuous(highspy, lp, x)
         obj_x = float(lp.col_cost_ @ x + constant)
-        if lower(info.objective_function_value) and status == highspy.HighsModelStatus.kOptimal:
+        left = time_limit - stats.solve_seconds  # (the call's limit bounds both runs)
+        if lower(info.objective_function_value) and status == highspy.HighsModelStatus.kOptimal and left > 0.1:
             h.passModel(lp)
-            y, info2, status2 = _run(h, highspy, lp, None, time_limit, stats)
+            h.setOptionValue("time_limit", float(left))
+            y, info2, status2 = _run(h, highspy, lp, None, left, stats)
             if y is not None and float(lp.col_cost_ @ y + constant) < obj_x:
                 x, info, status = y, info2, status2
                 obj_x = float(lp.col_cost_ @ x + constant)
@@ -972,8 +973,12 @@ def _warm_start_vector(plan: Plan, n: int, seg_vars, start_slow, yz, T, async_te
             src = pairs.get(tid)
             if seg.kind == "final" and src in start_slow and (by_id[src].initial == "slow" or src in made_slow):
                 # the weight starts slow and its update is not evicted: the executor's carry
-                # write at the end, which the model has at the final segment's start
-                x[sv.wA] = x[sv.wS] = 1
+                # write at the end, which the model has at the final segment's start (a
+                # drop where the update was written out before: one write per tensor)
+                if any(seg_vars[(tid, i)].wA >= 0 and x[seg_vars[(tid, i)].wA] > 0.5 for i in range(idx)):
+                    x[sv.dA] = 1
+                else:
+                    x[sv.wA] = x[sv.wS] = 1
             continue
         a = ev[0]
         # a sync evict or drop anywhere in the segment costs the same at its start (but for

@@ -54,6 +54,15 @@ def tensor_segments(graph: TrainingGraph, *, min_bytes: int = 0, pinned: frozens
         pairs = carried_pairs(graph)
     carried_inputs = set(pairs.values())
     n = len(graph.kernels)
+
+    def may_start_slow(t) -> bool:  # an input that gets an initial segment below
+        return (t.id in carried_inputs and t.producer is None and t.id not in pinned and t.nbytes >= max(min_bytes, 1)
+                and t.role in (Role.WEIGHT, Role.BUFFER, Role.OPTIMIZER_STATE) and bool(t.users))
+    # an update may leave fast memory after its last use only if its input may start the
+    # next iteration slow (ilp.py's steady-state row forces the rest fast): without such
+    # an input its final segment would be movable in name only, and minimum_budget, which
+    # counts every segment's interior as free, would promise a budget no plan fits
+    slow_starts = {tid for tid in carried_inputs if may_start_slow(graph.tensors[tid])}
     out = []
     for t in graph.tensors:
         if t.id in pinned or t.nbytes < max(min_bytes, 1):
@@ -67,7 +76,7 @@ def tensor_segments(graph: TrainingGraph, *, min_bytes: int = 0, pinned: frozens
         for a, b in zip(uses, uses[1:]):
             if b - a >= 2:
                 segs.append(Segment(t.id, "gap", a + 1, b - 1, len(segs)))
-        if t.id in pairs:
+        if t.id in pairs and pairs[t.id] in slow_starts:
             segs.append(Segment(t.id, "final", uses[-1] + 1, n - 1, len(segs)))
         if segs:
             out.append(TensorSegments(t.id, t.nbytes, tuple(uses), tuple(segs),

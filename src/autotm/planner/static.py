@@ -31,7 +31,8 @@ import numpy as np
 from ..costmodel import CostModel, operand_tensors
 from ..graph import Role, TrainingGraph
 from ..plan import Plan, TensorPlan
-from .ilp import MARGIN_BYTES, SCALE, ILPStats, InfeasibleBudget, _Rows, _Vars, capacity_chain, highs_model, solve_model
+from .ilp import MARGIN_BYTES, SCALE, ILPStats, InfeasibleBudget, _feasible, _Rows, _Vars, capacity_chain, highs_model, \
+    solve_model
 from .segments import carried_pairs
 
 FIXED_FAST = (Role.INPUT, Role.SCALAR, Role.CONSTANT, Role.OUTPUT)
@@ -62,8 +63,10 @@ def first_touch_direct_plan(graph: TrainingGraph, cost: CostModel, budget: int) 
     home = np.zeros(n + 1, dtype=np.int64)
     slow = set()
     can_move = set(movable(graph))
-    # tensors that must be fast take their room first, then first come, first served
-    for t in sorted(graph.tensors, key=lambda t: (t.live[0], t.id in can_move, t.id)):
+    # tensors that must be fast take their room first (all of them: one created later
+    # than a movable tensor that took its room overflowed the budget, so that first-touch
+    # failed at budgets above its floor, floor.py), then first come, first served
+    for t in sorted(graph.tensors, key=lambda t: (t.id in can_move, t.live[0], t.id)):
         a, b = t.live
         if t.id in can_move and int((home[a:b + 1] + ws[a:b + 1]).max()) + t.nbytes > budget:
             slow.add(t.id)
@@ -103,10 +106,13 @@ def solve_static(graph: TrainingGraph, cost: CostModel, budget: int, *, time_lim
         if out in z and inp in z:
             R.add("steady state", [z[out], z[inp]], [1.0, -1.0], 0.0, 0.0)
     constant = 0.0
+    placements = []  # per kernel with placement columns: the column of all its free operands slow
     for k in range(n):
         kern = graph.kernels[k]
         ops = operand_tensors(kern.inputs, kern.outputs)
-        const, terms, _ = kernel_time_terms(V, R, cost, k, ops, {t: z[t] for t in ops if t in z})
+        const, terms, is_config = kernel_time_terms(V, R, cost, k, ops, {t: z[t] for t in ops if t in z})
+        if is_config:
+            placements.append(terms[-1][0])  # (itertools.product order: all "slow" last)
         constant += const
         for col, coef in terms:
             V.add_cost(col, coef)
@@ -114,14 +120,21 @@ def solve_static(graph: TrainingGraph, cost: CostModel, budget: int, *, time_lim
     cap_iv = [(graph.tensors[tid].live[0], graph.tensors[tid].live[1], z[tid], -float(graph.tensors[tid].nbytes))
               for tid in can]
     rhs = (budget + extra - np.asarray(graph.live_bytes, dtype=np.float64) - MARGIN_BYTES) / SCALE
-    capacity_chain(R, V, cap_iv, rhs, n)
+    fill, _ = capacity_chain(R, V, cap_iv, rhs, n)
     stats = ILPStats(variables=V.n)
     h, lp = highs_model(highspy, V, R, constant, time_limit=time_limit, mip_gap=mip_gap, threads=threads,
                         verbose=verbose)
     stats.binaries = int(np.concatenate(V.integer).sum())
     stats.rows, stats.nonzeros = R.n, len(lp.a_matrix_.value_)
     stats.build_seconds = time.perf_counter() - t0
-    x = solve_model(h, highspy, lp, None, constant, time_limit, stats)
+    # every movable tensor slow: a solution at every budget from the floor (floor.py), the
+    # start that makes the solver return a plan there even at its time limit (densenet264
+    # test at its floor: no plan in 5 s without it)
+    x0 = np.zeros(V.n)
+    x0[list(z.values())] = 1.0
+    x0[placements] = 1.0
+    x0 = fill(x0)
+    x = solve_model(h, highspy, lp, x0 if _feasible(lp, x0) else None, constant, time_limit, stats)
     if x is None:
         raise InfeasibleBudget(budget, int(fixed[k_need]), f"kernel {k_need} ({graph.kernels[k_need].op})")
     slow = {tid for tid, col in z.items() if x[col] > 0.5}

@@ -1,0 +1,290 @@
+"""The smallest budget each planner finds a plan at (its floor), and what sets it.
+
+Every budgeted planner needs, at some kernel, bytes that no move can free: its operands
+(staged access), its workspace, tensors that must stay fast. How many depends on the
+planner, so each has its own floor, computed here exactly (each is the peak of a plan the
+planner can make, and no plan of it needs less):
+
+- staged ILP (synchronous, asynchronous): every tensor absent from fast memory inside
+  every movable segment (segments.py, all tensors movable): the peak of
+  `tightest_staged_plan`, a solution of the model at that budget.
+- lru: the operands and workspace of the busiest kernel (it evicts all else there).
+- first-touch (staged): the plan in which every tensor that may be slow is, staged in
+  for each run of uses (its reserve at the whole budget), with the must-fast tensors.
+- static, first-touch (direct): the tensors that must stay fast, and the workspace.
+- synchronous, asynchronous (direct): those, and updates whose input must stay fast
+  (the steady state ends them fast: tightest_direct_plan keeps them fast for life).
+
+Budgets here are as the user states them (plan()'s budget_bytes): with pinned tensors
+(pin_params) the solvers' capacity at kernel k is the budget + `extra[k]`, and the
+baselines' a flat budget + max(extra) (plan()'s validation budget).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..graph import Role, TrainingGraph
+from ..plan import Action, Plan, TensorPlan
+from .segments import carried_pairs, tensor_segments
+from .static import movable
+
+NO_BUDGET = ("all-fast", "all-slow")
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The smallest budget (bytes) at which one planner finds a plan; `kernel` is where it
+    is needed (None: anywhere), `what` says what needs it (for InfeasibleBudget)."""
+    bytes: int
+    kernel: int | None
+    what: str
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """How plan() counts a budget: `pinned` tensors kept fast outside it (pin_params),
+    their bytes per kernel `extra` (or None), each kernel's `workspace`, and the solvers'
+    capacity change per kernel `solver_extra` (extra less workspace, or None)."""
+    pinned: frozenset[int]
+    extra: np.ndarray | None
+    workspace: np.ndarray
+    solver_extra: np.ndarray | None
+
+    @property
+    def flat_extra(self) -> int:
+        """What the baselines' flat budget adds to the user's (plan()'s validation budget)."""
+        return int(self.extra.max()) if self.extra is not None and len(self.extra) else 0
+
+
+PINNED_ROLES = (Role.WEIGHT, Role.BUFFER, Role.OPTIMIZER_STATE, Role.INPUT, Role.SCALAR, Role.CONSTANT, Role.OUTPUT)
+
+
+def accounting(graph: TrainingGraph, workspace: np.ndarray, pin_params: bool = False) -> Accounting:
+    pinned: frozenset[int] = frozenset()
+    extra = None
+    if pin_params:
+        pinned = frozenset(t.id for t in graph.tensors if t.role in PINNED_ROLES)
+        delta = np.zeros(len(graph.kernels) + 1, dtype=np.int64)
+        for t in graph.tensors:
+            if t.id in pinned:
+                delta[t.live[0]] += t.nbytes
+                delta[t.live[1] + 1] -= t.nbytes
+        extra = np.cumsum(delta[:-1])
+    workspace = np.asarray(workspace, dtype=np.int64)
+    solver_extra = extra
+    if workspace.any():
+        solver_extra = (extra if extra is not None else 0) - workspace
+    return Accounting(pinned, extra, workspace, solver_extra)
+
+
+def smallest_feasible(graph: TrainingGraph, formulation: str, access: str, acc: Accounting,
+                      memory_system: str = "cpu+file") -> Floor:
+    """The floor of `formulation` on a memory system of `access` ("staged" or "direct")."""
+    n = len(graph.kernels)
+    if formulation in NO_BUDGET or n == 0:
+        return Floor(0, None, "nothing")
+    ws = acc.workspace
+    if formulation == "lru" or (formulation == "first-touch" and access == "staged"):
+        need = operand_bytes(graph) + ws
+        if formulation == "first-touch":
+            from ..validate import validate
+
+            p = tightest_first_touch(graph, memory_system)
+            need = np.maximum(need, validate(p, graph, budget_bytes=2**62).fast_bytes + ws)
+        return _at_peak(graph, need - acc.flat_extra, ws, "first-touch placement with its staged copies at "
+                        if formulation == "first-touch" else "")
+    if access == "staged":
+        p = tightest_staged_plan(graph, acc.pinned, memory_system)
+        from ..validate import validate
+
+        held = validate(p, graph, budget_bytes=2**62).fast_bytes
+        return _at_peak(graph, held - (acc.solver_extra if acc.solver_extra is not None else 0), ws, "")
+    if formulation == "first-touch":
+        fixed = must_stay_fast(graph, frozenset())
+        return _at_peak(graph, fixed + ws - acc.flat_extra, ws, "", direct=True)
+    fixed = must_stay_fast(graph, acc.pinned)
+    if formulation in ("synchronous", "asynchronous"):
+        fixed = fixed + updates_kept_fast(graph, acc.pinned)
+    return _at_peak(graph, fixed - (acc.solver_extra if acc.solver_extra is not None else 0), ws, "", direct=True)
+
+
+def check_before_profile(graph: TrainingGraph, budget, formulation: str, access: str,
+                         workspace: np.ndarray | None = None) -> None:
+    """Raise InfeasibleBudget when no profile can make `budget` feasible for `formulation`:
+    the floor of the graph alone (and of the `workspace` known so far, e.g. from the
+    profile cache; zeros elsewhere) is a lower bound of the floor with every workspace.
+    A size is checked against it; a ratio r:1 of a peak that a workspace W may raise,
+    (peak + W) / (r + 1), against the floor, which is at least W too: no W can make it
+    fit if peak < r * floor. Capturing takes seconds, profiling minutes: an infeasible
+    attempt now says so before the profile (pin_params budgets are left to plan())."""
+    from ..budget import is_minimum, is_ratio, parse_budget, parse_ratio
+    from ..errors import InfeasibleBudget
+
+    if formulation in NO_BUDGET or budget is None or is_minimum(budget) or not len(graph.kernels):
+        return
+    ws = np.zeros(len(graph.kernels), dtype=np.int64) if workspace is None else np.asarray(workspace, np.int64)
+    floor = smallest_feasible(graph, formulation, access, accounting(graph, ws))
+    peak = int((graph.live_bytes + ws).max())
+    if is_ratio(budget):
+        r = parse_ratio(str(budget))
+        if r is not None and peak >= r * floor.bytes:
+            return
+        wanted = parse_budget(budget, peak)
+    else:
+        wanted = parse_budget(budget, peak)
+        if wanted >= floor.bytes:
+            return
+    raise InfeasibleBudget(wanted, floor.bytes, floor.what, formulation, exact=False)
+
+
+def _at_peak(graph: TrainingGraph, need: np.ndarray, ws: np.ndarray, prefix: str, direct: bool = False) -> Floor:
+    k = int(np.argmax(need))
+    if direct:  # operands may be slow there: what must stay fast sets the floor
+        kern = graph.kernels[k]
+        where = f" in `{kern.module}`" if kern.module else ""
+        what = f"kernel {k} ({kern.op}{where}) with the tensors that must stay fast (the batch, the loss, ...)"
+        if ws[k]:
+            what += f" and its workspace ({_mb(int(ws[k]))})"
+        return Floor(max(0, int(need[k])), k, prefix + what)
+    what = kernel_needs(graph, k, int(ws[k]))
+    rest = int(need[k]) - int(operand_bytes(graph)[k]) - int(ws[k])
+    if rest >= 2**16:  # (the batch and the loss between their uses, tensors too small to move, ...)
+        what += f", and {_mb(rest)} of other tensors that stay fast there"
+    return Floor(max(0, int(need[k])), k, prefix + what)
+
+
+def operand_bytes(graph: TrainingGraph) -> np.ndarray:
+    """Per kernel, the bytes of its operands (each storage once)."""
+    return np.asarray([sum(graph.tensors[t].nbytes for t in dict.fromkeys(k.inputs + k.outputs))
+                       for k in graph.kernels], dtype=np.int64)
+
+
+def must_stay_fast(graph: TrainingGraph, pinned: frozenset[int]) -> np.ndarray:
+    """Per kernel, the bytes live there of tensors no direct plan may place slow."""
+    can = set(movable(graph, pinned))
+    delta = np.zeros(len(graph.kernels) + 1, dtype=np.int64)
+    for t in graph.tensors:
+        if t.id not in can and t.id not in pinned:
+            delta[t.live[0]] += t.nbytes
+            delta[t.live[1] + 1] -= t.nbytes
+    return np.cumsum(delta[:-1])
+
+
+def updates_kept_fast(graph: TrainingGraph, pinned: frozenset[int]) -> np.ndarray:
+    """Per kernel, the bytes of movable updates whose input must stay fast (direct.py's
+    steady state ends them fast): fast for life in tightest_direct_plan. (The model could
+    produce one slow and bring it back for its last use, a little less; such updates, of
+    an input no direct plan may move, are rare: none in the zoo.)"""
+    can = set(movable(graph, pinned))
+    delta = np.zeros(len(graph.kernels) + 1, dtype=np.int64)
+    for out, inp in carried_pairs(graph).items():
+        if out in can and inp not in can:
+            t = graph.tensors[out]
+            delta[t.live[0]] += t.nbytes
+            delta[t.live[1] + 1] -= t.nbytes
+    return np.cumsum(delta[:-1])
+
+
+def kernel_needs(graph: TrainingGraph, k: int, workspace: int) -> str:
+    """What kernel k holds at once, naming its module, or for an optimizer update the
+    parameter it updates: "the update of `fc.weight` (4.0 MiB) ..."."""
+    kern = graph.kernels[k]
+    ops = [graph.tensors[t] for t in dict.fromkeys(kern.inputs + kern.outputs)]
+    total = sum(t.nbytes for t in ops)
+    # the parameter an update is for: its own state key, or its optimizer state's
+    # ("opt:layer4.0.conv2.weight:momentum_buffer")
+    params = sorted({_parameter_of(t.state_key) for t in ops if t.state_key} - {None})
+    if kern.phase == "optimizer" and params:
+        parts = []
+        for t in sorted(ops, key=lambda t: -t.nbytes):
+            if t.nbytes == 0:
+                continue
+            if t.role == Role.WEIGHT or (t.state_key or "").startswith("param:"):
+                name = "parameter"
+            elif t.role == Role.OPTIMIZER_STATE and t.state_key:
+                name = t.state_key.rsplit(":", 1)[1].replace("_buffer", "").replace("_", " ")
+            elif t.role == Role.UPDATE:
+                name = "a temporary of the update"
+            else:
+                name = t.role.value
+            if name not in parts:
+                parts.append(name)
+        what = (f"kernel {k} ({kern.op}), the update of `{', '.join(params)}` "
+                f"({_mb(max(t.nbytes for t in ops))}), needs {', '.join(parts)} at once ({_mb(total)})")
+    else:
+        where = f" in `{kern.module}`" if kern.module else ""
+        what = f"kernel {k} ({kern.op}{where}) with its operands ({_mb(total)})"
+    if workspace:
+        what += f" and workspace ({_mb(workspace)})"
+    return what
+
+
+def _parameter_of(state_key: str) -> str | None:
+    kind, _, rest = state_key.partition(":")
+    if kind == "param":
+        return rest
+    if kind == "opt" and ":" in rest:
+        return rest.rsplit(":", 1)[0]
+    return None
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def tightest_staged_plan(graph: TrainingGraph, pinned: frozenset[int] = frozenset(),
+                         memory_system: str = "cpu+file", min_bytes: int = 0) -> Plan:
+    """The staged plan with every tensor absent from fast memory in every segment of
+    segments.py (those of tensors of `min_bytes` or more): carried inputs start slow and are
+    prefetched for their first use; every other segment begins with a sync evict (the
+    tensor's first slow copy) or drop (later) and ends with a sync prefetch for the next
+    use. A solution of ilp.py's model at the budget it peaks at (the staged ILP's floor),
+    and the ILP's warm start of last resort."""
+    initial: dict[int, str] = {}
+    actions: dict[int, list[Action]] = {}
+    for ts in tensor_segments(graph, min_bytes=min_bytes, pinned=pinned, pairs=carried_pairs(graph)):
+        acts: list[Action] = []
+        has_copy = ts.carried_input
+        for seg in ts.segments:
+            if seg.kind == "initial":
+                initial[ts.tensor] = "slow"
+                acts.append(Action("prefetch", seg.end + 1, "sync"))
+                continue
+            if seg.end < seg.start:  # an empty final segment: the executor's carry write
+                continue
+            acts.append(Action("drop" if has_copy else "evict", seg.start, "sync"))
+            has_copy = True
+            if seg.kind == "gap":
+                acts.append(Action("prefetch", seg.end + 1, "sync"))
+        actions[ts.tensor] = acts
+    tensors = tuple(TensorPlan(t.id, initial.get(t.id, "fast"), tuple(actions.get(t.id, ()))) for t in graph.tensors)
+    return Plan(version=1, graph_name=graph.name, graph_fingerprint=graph.fingerprint, memory_system=memory_system,
+                access="staged", budget_bytes=None, planner="tightest", tensors=tensors, meta={})
+
+
+def tightest_direct_plan(graph: TrainingGraph, pinned: frozenset[int] = frozenset(),
+                         memory_system: str = "cpu+file") -> Plan:
+    """The direct plan with every movable tensor slow for life but the updates whose input
+    must stay fast (updates_kept_fast), fast for life: a solution of direct.py's model at
+    the budget it peaks at (that formulation's floor), and its warm start of last resort."""
+    can = set(movable(graph, pinned))
+    kept = {out for out, inp in carried_pairs(graph).items() if out in can and inp not in can}
+    tensors = tuple(TensorPlan(t.id, "slow" if t.id in can and t.id not in kept else "fast", ())
+                    for t in graph.tensors)
+    return Plan(version=1, graph_name=graph.name, graph_fingerprint=graph.fingerprint, memory_system=memory_system,
+                access="direct", budget_bytes=None, planner="tightest", tensors=tensors, meta={})
+
+
+def tightest_first_touch(graph: TrainingGraph, memory_system: str = "cpu+file") -> Plan:
+    """first-touch's plan with no room left at any creation: all it may place slow is,
+    the plan it falls back to at its smallest budget (baselines.first_touch_plan)."""
+    from .baselines import _first_touch, _uses
+
+    return _first_touch(graph, 0, memory_system, 0, frozenset(), _uses(graph))
+
+
+__all__ = ["Floor", "Accounting", "accounting", "smallest_feasible", "check_before_profile", "kernel_needs",
+           "tightest_staged_plan", "tightest_direct_plan"]
