@@ -1,0 +1,95 @@
+"""Train a model with autotm.compile and an eager copy side by side; compare bit for bit.
+
+Shared by the tests of models as users have them (test_user_models.py) and the
+compatibility suite (test_compat_models.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+import autotm
+
+
+@dataclass
+class TwinRun:
+    compile_seconds: float
+    kernels: int
+    budget_bytes: int
+    bytes_to_slow: int
+    follows_layout: bool
+    compiled_step_seconds: list[float] = field(default_factory=list)
+    eager_step_seconds: list[float] = field(default_factory=list)
+    mismatches: list[str] = field(default_factory=list)
+
+
+def eager_step(model, loss_fn, opt, batch):
+    opt.zero_grad(set_to_none=True)
+    loss = loss_fn(model(*batch[:-1]), batch[-1])
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+def train_twins(model, make_optimizer, loss_fn, batches, *, budget="2:1", cache=None, seed=0,
+                **compile_options) -> TwinRun:
+    """Compile `model` (the eager twin is a deep copy made first), run every batch through
+    both from the same RNG state, and list what differs: losses, the RNG state after each
+    step, state_dict entries (parameters and buffers), optimizer state."""
+    twin = copy.deepcopy(model)
+    opt, twin_opt = make_optimizer(model), make_optimizer(twin)
+    t0 = time.perf_counter()
+    step = autotm.compile(model, loss_fn, opt, batches[0], memory="cpu+file", budget=budget, cache=cache,
+                          **compile_options)
+    run = TwinRun(compile_seconds=time.perf_counter() - t0, kernels=len(step.graph.kernels),
+                  budget_bytes=int(step.plan.meta["budget_bytes"]), bytes_to_slow=int(step.plan.meta["bytes_to_slow"]),
+                  follows_layout=step.session.executor.follows_layout)
+    try:
+        for i, batch in enumerate(batches):
+            torch.manual_seed(seed + i)
+            t = time.perf_counter()
+            got = step(*batch)
+            run.compiled_step_seconds.append(time.perf_counter() - t)
+            rng_after = torch.get_rng_state()
+            torch.manual_seed(seed + i)
+            t = time.perf_counter()
+            want = eager_step(twin, loss_fn, twin_opt, batch)
+            run.eager_step_seconds.append(time.perf_counter() - t)
+            if not torch.equal(got, want):
+                run.mismatches.append(f"loss of step {i}: {got.item()!r} != eager {want.item()!r}")
+            if not torch.equal(rng_after, torch.get_rng_state()):
+                run.mismatches.append(f"global RNG state after step {i}")
+        run.mismatches += compare_state(model, opt, twin, twin_opt)
+    finally:
+        step.close()
+    return run
+
+
+def compare_state(model, opt, twin, twin_opt) -> list[str]:
+    out = []
+    mine, theirs = model.state_dict(), twin.state_dict()
+    if list(mine) != list(theirs):
+        out.append(f"state_dict keys {sorted(set(mine) ^ set(theirs))}")
+    for k, v in theirs.items():
+        if k in mine and not (mine[k].dtype == v.dtype and torch.equal(mine[k], v)):
+            out.append(f"state_dict[{k!r}] (max |diff| {_maxdiff(mine[k], v)})")
+    names = {id(p): n for n, p in twin.named_parameters()}
+    for (n, p), q in zip(twin.named_parameters(), model.parameters()):
+        a, b = twin_opt.state.get(p, {}), opt.state.get(q, {})
+        if sorted(a) != sorted(b):
+            out.append(f"optimizer state slots of {names[id(p)]}: {sorted(b)} != eager {sorted(a)}")
+            continue
+        for s in a:
+            if not torch.equal(torch.as_tensor(a[s]), torch.as_tensor(b[s])):
+                out.append(f"optimizer state {n}:{s}")
+    return out
+
+
+def _maxdiff(a, b) -> str:
+    if a.shape != b.shape:
+        return f"shapes {list(a.shape)} and {list(b.shape)}"
+    return f"{(a.double() - b.double()).abs().max().item():.3g}"
