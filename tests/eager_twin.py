@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 import autotm
+from autotm.planner.ilp import InfeasibleBudget
 
 
 @dataclass
@@ -37,14 +38,19 @@ def eager_step(model, loss_fn, opt, batch):
 
 def train_twins(model, make_optimizer, loss_fn, batches, *, budget="2:1", cache=None, seed=0,
                 **compile_options) -> TwinRun:
-    """Compile `model` (the eager twin is a deep copy made first), run every batch through
+    """Compile `model` (the eager twin is a deep copy made first) for `budget`, or 10 % over the
+    smallest feasible budget where `budget` is under it, run every batch through
     both from the same RNG state, and list what differs: losses, the RNG state after each
     step, state_dict entries (parameters and buffers), optimizer state."""
     twin = copy.deepcopy(model)
     opt, twin_opt = make_optimizer(model), make_optimizer(twin)
     t0 = time.perf_counter()
-    step = autotm.compile(model, loss_fn, opt, batches[0], memory="cpu+file", budget=budget, cache=cache,
-                          **compile_options)
+    try:
+        step = autotm.compile(model, loss_fn, opt, batches[0], memory="cpu+file", budget=budget, cache=cache,
+                              **compile_options)
+    except InfeasibleBudget as e:  # a tiny model's ratio can fall under one kernel's operands
+        step = autotm.compile(model, loss_fn, opt, batches[0], memory="cpu+file", budget=e.minimum * 11 // 10,
+                              cache=cache, **compile_options)
     run = TwinRun(compile_seconds=time.perf_counter() - t0, kernels=len(step.graph.kernels),
                   budget_bytes=int(step.plan.meta["budget_bytes"]), bytes_to_slow=int(step.plan.meta["bytes_to_slow"]),
                   follows_layout=step.session.executor.follows_layout)
@@ -93,3 +99,48 @@ def _maxdiff(a, b) -> str:
     if a.shape != b.shape:
         return f"shapes {list(a.shape)} and {list(b.shape)}"
     return f"{(a.double() - b.double()).abs().max().item():.3g}"
+
+
+# ---- which ATen ops run ------------------------------------------------------------------
+# Functionalization writes in-place ops out of place (bernoulli_ -> bernoulli) and makes views
+# free; the optimizer is lowered separately (optim_lowering). What is left must be eager's
+# forward and backward op for op: a fused kernel eager calls must not be a decomposition here.
+_NOT_KERNELS = {"detach", "alias", "lift_fresh", "copy", "clone", "_to_copy", "empty", "zeros", "zeros_like",
+                "expand", "view", "_unsafe_view", "t", "transpose", "permute", "unsqueeze", "squeeze", "select",
+                "slice", "as_strided", "reshape", "split", "split_with_sizes", "unbind", "unsafe_split",
+                "diagonal", "narrow", "chunk", "expand_as", "view_as", "ones_like", "fill", "new_empty_strided",
+                "empty_strided", "new_zeros", "set_", "resize_", "_reshape_alias", "unfold", "index_select"}
+
+
+def _op_name(op) -> str:
+    """aten.bernoulli_.float -> bernoulli (an in-place op counts as its functional form)."""
+    name = op._schema.name.split("::")[-1]
+    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
+
+
+def eager_ops(model, loss_fn, batch) -> set[str]:
+    """ATen ops eager PyTorch runs for one forward and backward of `model` (a throwaway copy:
+    BatchNorm statistics and the RNG are left alone)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: set[str] = set()
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.add(_op_name(func))
+            return func(*args, **(kwargs or {}))
+
+    m = copy.deepcopy(model)
+    with torch.random.fork_rng(devices=[]), Record():
+        loss_fn(m(*batch[:-1]), batch[-1]).backward()
+    return seen - _NOT_KERNELS
+
+
+def captured_ops(graph) -> set[str]:
+    """ATen ops of the captured forward and backward kernels."""
+    return {_op_name(eval_op(k.op)) for k in graph.kernels if k.phase != "optimizer"} - _NOT_KERNELS
+
+
+def eval_op(name: str):
+    packet, overload = name.split(".")[1:] if name.count(".") == 2 else (name.split(".")[1], "default")
+    return getattr(getattr(torch.ops.aten, packet), overload)

@@ -7,7 +7,7 @@ from torch import nn
 
 import autotm
 from autotm.errors import CaptureError
-from eager_twin import train_twins
+from eager_twin import captured_ops, eager_ops, train_twins
 
 
 class TiedFrozenBuffered(nn.Module):
@@ -121,3 +121,51 @@ def test_model_compiled_in_eval_mode_updates_no_running_stats():
     run = train_twins(m, lambda mm: torch.optim.SGD(mm.parameters(), lr=0.1), lm_loss, batches(), budget="1:1")
     assert run.mismatches == []
     assert torch.equal(m.norm.running_mean, stats) and int(m.norm.num_batches_tracked) == 0
+
+
+class Activations(nn.Module):
+    """Ops whose eager backward is a fused kernel (SiLU, Mish, GELU, Hardswish) and dropout."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 4)
+        self.act = nn.Sequential(nn.SiLU(), nn.Mish(), nn.GELU(), nn.Hardswish())
+        self.drop = nn.Dropout(0.25)
+
+    def forward(self, x):
+        return self.c(self.drop(self.act(self.b(self.drop(torch.tanh(self.a(x)))))))
+
+
+def activation_data():
+    g = torch.Generator().manual_seed(2)
+    return [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)) for _ in range(3)]
+
+
+def test_fused_backward_kernels_stay_fused_as_eager_runs_them():
+    torch.manual_seed(0)
+    m = Activations()
+    data = activation_data()
+    graph = autotm.capture(m, nn.CrossEntropyLoss(), torch.optim.SGD(m.parameters(), lr=0.1), data[0])
+    ops = captured_ops(graph)
+    assert {"silu_backward", "mish_backward", "gelu_backward", "hardswish_backward"} <= ops
+    assert ops == eager_ops(m, nn.CrossEntropyLoss(), data[0])
+
+
+def test_dropout_consumes_the_rng_as_eager_and_compile_leaves_it_alone():
+    torch.manual_seed(0)
+    m = Activations()
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    run = train_twins(m, lambda mm: torch.optim.Adam(mm.parameters(), lr=0.01), nn.CrossEntropyLoss(),
+                      activation_data(), budget="1:1")
+    assert run.mismatches == []  # losses, weights and the RNG state after every step
+    # compile drew random profile operands and seeded its calibration, then put the RNG back
+    torch.manual_seed(123)
+    m2 = Activations()
+    opt = torch.optim.SGD(m2.parameters(), lr=0.1)
+    torch.set_rng_state(state)
+    step = autotm.compile(m2, nn.CrossEntropyLoss(), opt, activation_data()[0], budget="64KiB")
+    try:
+        assert torch.equal(torch.get_rng_state(), state)
+    finally:
+        step.close()

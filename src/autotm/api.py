@@ -30,18 +30,22 @@ class CompiledStep:
         from .profile import profile
 
         self.model, self.optimizer = model, optimizer
-        self.graph = capture(model, loss_fn, optimizer, tuple(example_batch), name=type(model).__name__)
+        self.memory = None
         self._owned = isinstance(memory, str)
-        self.memory = make_memory_system(memory, slow_dir=slow_dir) if isinstance(memory, str) else memory
-        try:
-            inputs = TrainingState(self.graph, model, optimizer).inputs(tuple(example_batch))
-            self.cost_model = profile(self.graph, self.memory, cache, inputs=inputs)
-            del inputs
-            self.plan = make_plan(self.graph, self.cost_model, budget, formulation, **plan_options)
-            self.session = ExecutorSession(self.graph, self.plan, self.memory, model, optimizer)
-        except BaseException:
-            self.close()
-            raise
+        # the profile draws random operands and calibrates with a fixed seed: the caller's
+        # RNG stream goes on after compile as if compile had not run
+        with torch.random.fork_rng(devices=[]):
+            self.graph = capture(model, loss_fn, optimizer, tuple(example_batch), name=type(model).__name__)
+            self.memory = make_memory_system(memory, slow_dir=slow_dir) if isinstance(memory, str) else memory
+            try:
+                inputs = TrainingState(self.graph, model, optimizer).inputs(tuple(example_batch))
+                self.cost_model = profile(self.graph, self.memory, cache, inputs=inputs)
+                del inputs
+                self.plan = make_plan(self.graph, self.cost_model, budget, formulation, **plan_options)
+                self.session = ExecutorSession(self.graph, self.plan, self.memory, model, optimizer)
+            except BaseException:
+                self.close()
+                raise
         self._hook = model.register_state_dict_pre_hook(lambda *a, **k: self.sync())
         self._publish()
 

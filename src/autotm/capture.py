@@ -10,6 +10,7 @@ computes users and live ranges.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import sys
@@ -87,6 +88,49 @@ class _LossOf(nn.Module):
         else:
             pred = self.model(*batch[:-1])
         return (self.loss_fn(pred, batch[-1]),)
+
+
+# Ops whose Python decomposition (torch._decomp, used while tracing) is not what eager runs
+# on the CPU: dropout becomes native_dropout (a bool mask times a scale rounded in double);
+# eager's C++ kernel draws a float mask with bernoulli_, divides it by 1 - p and multiplies.
+_PYTHON_DECOMPOSED = ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout")
+
+
+@contextlib.contextmanager
+def _decompose_as_eager():
+    """Export decomposes every op that has a composite (CompositeImplicitAutograd) kernel,
+    also where eager PyTorch runs a fused one: SiLU's and Mish's backward became 5-8
+    pointwise kernels (not bit-identical) where eager calls aten.silu_backward. While we
+    export, an op is decomposed where eager's autograd would decompose it (the rule
+    torch.compile's functionalization uses), and by its C++ composite kernel, as eager does
+    (_PYTHON_DECOMPOSED)."""
+    try:
+        from torch._subclasses import functional_tensor as ft
+
+        export_rule = ft._can_decompose_fast
+    except (ImportError, AttributeError):  # an older torch: export's own rule
+        yield
+        return
+
+    def eager_rule(func, export, pre_dispatch):
+        return export_rule(func, False if not pre_dispatch else export, pre_dispatch)
+
+    keys = (torch._C.DispatchKey.CompositeImplicitAutograd, torch._C.DispatchKey.Autograd)
+    removed = []
+    for name in _PYTHON_DECOMPOSED:
+        op = getattr(getattr(torch.ops.aten, name, None), "default", None)
+        for key in keys if op is not None else ():
+            if key in op.py_kernels:
+                removed.append((op, key, op.py_kernels.pop(key)))
+                op._dispatch_cache.clear()
+    ft._can_decompose_fast = eager_rule
+    try:
+        yield
+    finally:
+        ft._can_decompose_fast = export_rule
+        for op, key, fn in removed:
+            op.py_kernels[key] = fn
+            op._dispatch_cache.clear()
 
 
 @dataclass(frozen=True)
@@ -205,7 +249,8 @@ def capture(
     try:
         from torch._functorch.aot_autograd import aot_export_module
 
-        joint, sig = aot_export_module(wrapper, list(batch), trace_joint=True, output_loss_index=0)
+        with _decompose_as_eager():
+            joint, sig = aot_export_module(wrapper, list(batch), trace_joint=True, output_loss_index=0)
     except CaptureError:
         raise
     except Exception as e:  # any op that tracing cannot handle
