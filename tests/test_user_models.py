@@ -1,13 +1,15 @@
 """Models as users have them: tied, frozen and optimizer-less parameters, read-only and
 mutated buffers, eval mode, compiled and trained bit for bit like eager PyTorch."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
 
 import autotm
-from autotm.errors import CaptureError
-from eager_twin import captured_ops, eager_ops, train_twins
+from autotm.errors import CaptureError, ReplayError
+from eager_twin import captured_ops, eager_ops, eager_step, train_twins
 
 
 class TiedFrozenBuffered(nn.Module):
@@ -167,5 +169,46 @@ def test_dropout_consumes_the_rng_as_eager_and_compile_leaves_it_alone():
     step = autotm.compile(m2, nn.CrossEntropyLoss(), opt, activation_data()[0], budget="64KiB")
     try:
         assert torch.equal(torch.get_rng_state(), state)
+    finally:
+        step.close()
+
+
+def test_eager_tensors_made_after_compile_do_not_come_from_the_arena():
+    torch.manual_seed(0)
+    m = ConstantBuffer()
+    data = [(torch.randn(8, 16), torch.randint(0, 4, (8,))) for _ in range(2)]
+    step = autotm.compile(m, nn.CrossEntropyLoss(), torch.optim.SGD(m.parameters(), lr=0.1), data[0], budget="64KiB")
+    try:
+        ex = step.session.executor
+        assert ex.follows_layout
+        step(*data[0])
+        # the arena allocator stays PyTorch's CPU allocator (c10 cannot uninstall one), but
+        # between steps it hands every allocation to the allocator it replaced
+        mine = [torch.empty(8 << 20, dtype=torch.uint8), torch.randn(64, 64), torch.zeros(1 << 20)]
+        for t in mine:
+            assert ex.arena.offset_of(t) < 0
+            assert ex.pool is None or ex.pool.offset_of(t) < 0
+        step(*data[1])
+        assert all(ex.arena.offset_of(t) < 0 for t in [torch.ones(4 << 20), torch.ones(3)])
+    finally:
+        step.close()
+
+
+def test_a_batch_of_another_shape_or_dtype_is_refused_by_name_and_the_step_goes_on():
+    torch.manual_seed(0)
+    m = ConstantBuffer()
+    data = [(torch.randn(8, 16), torch.randint(0, 4, (8,))) for _ in range(2)]
+    twin = copy.deepcopy(m)
+    step = autotm.compile(m, nn.CrossEntropyLoss(), torch.optim.SGD(m.parameters(), lr=0.1), data[0], budget="64KiB")
+    try:
+        with pytest.raises(ReplayError, match=r"batch\[0\] is float32\[4, 16\] but the graph was captured with "
+                                              r"float32\[8, 16\]"):
+            step(torch.randn(4, 16), torch.randint(0, 4, (4,)))
+        with pytest.raises(ReplayError, match=r"batch\[1\] is int32\[8\] but the graph was captured with int64\[8\]"):
+            step(data[0][0], data[0][1].int())
+        opt = torch.optim.SGD(twin.parameters(), lr=0.1)
+        for batch in data:  # refused batches left nothing behind
+            assert torch.equal(step(*batch), eager_step(twin, nn.CrossEntropyLoss(), opt, batch))
+        assert torch.equal(m.lin.weight, twin.lin.weight)
     finally:
         step.close()
