@@ -63,7 +63,7 @@ class LSTMClassifier(nn.Module):
     def __init__(self):
         super().__init__()
         self.emb = nn.Embedding(VOCAB, 16)
-        self.lstm = nn.LSTM(16, 32, num_layers=2, batch_first=True)
+        self.lstm = nn.LSTM(16, 32, batch_first=True)
         self.head = nn.Linear(32, CLASSES)
 
     def forward(self, ids):
@@ -88,6 +88,7 @@ def _tv(build):
 
 def _hf(build, decoder_inputs=False):
     def make():
+        import_torchvision()  # (transformers imports torchvision where it is installed)
         import transformers
 
         m = Logits(build(transformers), decoder_inputs)
@@ -109,6 +110,14 @@ def _efficientnet(models):
     return models.efficientnet.EfficientNet(setting, dropout=0.2, stochastic_depth_prob=0.2, num_classes=CLASSES)
 
 
+def _mobilenet_v3(models):
+    from torchvision.models.mobilenetv3 import _mobilenet_v3_conf
+
+    # mobilenet_v3_small's first four blocks (SE, hardswish and ReLU blocks, strides 1 and 2)
+    setting, _ = _mobilenet_v3_conf("mobilenet_v3_small")
+    return models.mobilenetv3.MobileNetV3(setting[:4], last_channel=64, num_classes=CLASSES)
+
+
 def _lstm():
     def lstm_batches(n=3, seed=1):
         g = torch.Generator().manual_seed(seed)
@@ -121,7 +130,7 @@ MODELS = {
     "resnet": _tv(lambda m: m.ResNet(m.resnet.BasicBlock, [1, 1, 1, 1], num_classes=CLASSES)),
     "densenet": _tv(lambda m: m.DenseNet(growth_rate=8, block_config=(2, 2), num_init_features=16, bn_size=2,
                                          num_classes=CLASSES)),
-    "mobilenet_v3_small": _tv(lambda m: m.mobilenet_v3_small(num_classes=CLASSES)),
+    "mobilenet_v3": _tv(_mobilenet_v3),
     "efficientnet": _tv(_efficientnet),
     "vit": _tv(lambda m: m.VisionTransformer(image_size=IMAGE, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32,
                                              mlp_dim=64, num_classes=CLASSES)),
@@ -134,7 +143,7 @@ MODELS = {
     "llama": _hf(lambda t: t.LlamaForCausalLM(t.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                                             num_attention_heads=2, num_key_value_heads=1,
                                                             vocab_size=VOCAB, max_position_embeddings=SEQ * 2))),
-    "t5": _hf(lambda t: t.T5ForConditionalGeneration(t.T5Config(d_model=32, d_ff=64, d_kv=16, num_layers=2,
+    "t5": _hf(lambda t: t.T5ForConditionalGeneration(t.T5Config(d_model=32, d_ff=64, d_kv=16, num_layers=1,
                                                                 num_heads=2, vocab_size=VOCAB)), decoder_inputs=True),
     "lstm": _lstm,
 }

@@ -23,6 +23,7 @@ class TwinRun:
     budget_bytes: int
     bytes_to_slow: int
     follows_layout: bool
+    graph: object = None  # the captured TrainingGraph
     compiled_step_seconds: list[float] = field(default_factory=list)
     eager_step_seconds: list[float] = field(default_factory=list)
     mismatches: list[str] = field(default_factory=list)
@@ -53,7 +54,7 @@ def train_twins(model, make_optimizer, loss_fn, batches, *, budget="2:1", cache=
                               cache=cache, **compile_options)
     run = TwinRun(compile_seconds=time.perf_counter() - t0, kernels=len(step.graph.kernels),
                   budget_bytes=int(step.plan.meta["budget_bytes"]), bytes_to_slow=int(step.plan.meta["bytes_to_slow"]),
-                  follows_layout=step.session.executor.follows_layout)
+                  follows_layout=step.session.executor.follows_layout, graph=step.graph)
     try:
         for i, batch in enumerate(batches):
             torch.manual_seed(seed + i)
@@ -109,7 +110,11 @@ _NOT_KERNELS = {"detach", "alias", "lift_fresh", "copy", "clone", "_to_copy", "e
                 "expand", "view", "_unsafe_view", "t", "transpose", "permute", "unsqueeze", "squeeze", "select",
                 "slice", "as_strided", "reshape", "split", "split_with_sizes", "unbind", "unsafe_split",
                 "diagonal", "narrow", "chunk", "expand_as", "view_as", "ones_like", "fill", "new_empty_strided",
-                "empty_strided", "new_zeros", "set_", "resize_", "_reshape_alias", "unfold", "index_select"}
+                "empty_strided", "new_zeros", "set_", "resize_", "_reshape_alias", "unfold", "index_select",
+                "_assert_tensor_metadata", "lift_fresh_copy"}
+# functional forms of what eager does in place: the same kernel (BatchNorm's running-stat
+# update), or eager's write into a view done as a scatter over its base
+_FUNCTIONAL_FORM = {"_native_batch_norm_legit_functional": "native_batch_norm", "as_strided_scatter": "copy"}
 
 
 def _op_name(op) -> str:
@@ -138,7 +143,8 @@ def eager_ops(model, loss_fn, batch) -> set[str]:
 
 def captured_ops(graph) -> set[str]:
     """ATen ops of the captured forward and backward kernels."""
-    return {_op_name(eval_op(k.op)) for k in graph.kernels if k.phase != "optimizer"} - _NOT_KERNELS
+    names = {_op_name(eval_op(k.op)) for k in graph.kernels if k.phase != "optimizer"}
+    return {_FUNCTIONAL_FORM.get(n, n) for n in names} - _NOT_KERNELS
 
 
 def eval_op(name: str):

@@ -91,8 +91,11 @@ class _LossOf(nn.Module):
 
 
 # Ops whose Python decomposition (torch._decomp, used while tracing) is not what eager runs
-# on the CPU: dropout becomes native_dropout (a bool mask times a scale rounded in double);
-# eager's C++ kernel draws a float mask with bernoulli_, divides it by 1 - p and multiplies.
+# on the CPU: dropout became native_dropout (a bool mask times a scale rounded in double)
+# where eager's C++ kernel draws a float mask with bernoulli_, divides it by 1 - p and
+# multiplies. (Not LSTM: eager's C++ path calls mkldnn_rnn_layer, whose backward returns
+# one tensor as two parameters' gradients, which export refuses; its Python decomposition
+# stays, per-timestep kernels that round differently: README, "Your own model".)
 _PYTHON_DECOMPOSED = ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout")
 
 
@@ -118,11 +121,12 @@ def _decompose_as_eager():
     keys = (torch._C.DispatchKey.CompositeImplicitAutograd, torch._C.DispatchKey.Autograd)
     removed = []
     for name in _PYTHON_DECOMPOSED:
-        op = getattr(getattr(torch.ops.aten, name, None), "default", None)
-        for key in keys if op is not None else ():
-            if key in op.py_kernels:
-                removed.append((op, key, op.py_kernels.pop(key)))
-                op._dispatch_cache.clear()
+        packet = getattr(torch.ops.aten, name, None)
+        for op in [getattr(packet, o) for o in packet.overloads()] if packet is not None else ():
+            for key in keys:
+                if key in op.py_kernels:
+                    removed.append((op, key, op.py_kernels.pop(key)))
+                    op._dispatch_cache.clear()
     ft._can_decompose_fast = eager_rule
     try:
         yield
