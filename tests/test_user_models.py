@@ -212,3 +212,13 @@ def test_a_batch_of_another_shape_or_dtype_is_refused_by_name_and_the_step_goes_
         assert torch.equal(m.lin.weight, twin.lin.weight)
     finally:
         step.close()
+
+
+def test_a_trainable_parameter_the_loss_does_not_reach_is_refused():
+    m = model()
+    m.unused = nn.Linear(4, 4)
+    with pytest.raises(CaptureError, match="a trainable parameter does not reach the loss"):
+        autotm.capture(m, lm_loss, torch.optim.SGD(m.parameters(), lr=0.1), batches()[0])
+    m.unused.requires_grad_(False)  # frozen, it is carried and left alone
+    graph = autotm.capture(m, lm_loss, torch.optim.SGD(m.parameters(), lr=0.1), batches()[0])
+    assert "unused.weight" in graph.program.param_names and "unused.weight" not in graph.program.param_groups

@@ -258,6 +258,9 @@ def capture(
     except CaptureError:
         raise
     except Exception as e:  # any op that tracing cannot handle
+        if "did not receive a gradient" in str(e):
+            raise CaptureError("a trainable parameter does not reach the loss (torch's export needs a gradient for "
+                               "each): freeze it with requires_grad_(False)") from e
         op, module = _failing_op_and_module(e, model)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CaptureError(f"cannot capture op {op} in module {module}: {first}") from e
@@ -286,7 +289,8 @@ def capture(
     doubled = [n for n, parts in grad_parts.items() if len(parts) > 1]
     if doubled:  # (_LossOf exports a tied tensor once)
         raise CaptureError(f"parameter {doubled[0]} has {len(grad_parts[doubled[0]])} gradients in the export")
-    # a parameter the loss does not reach gets no gradient: eager's optimizer skips it, as here
+    # (export refuses a trainable parameter the loss does not reach; should one come without a
+    # gradient all the same, eager's optimizer skips it, as here)
     param_groups = {n: gi for n, gi in param_groups.items() if n in grad_parts}
     trainable = [n for n in sig_params if n in param_groups]
 
