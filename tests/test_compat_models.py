@@ -19,6 +19,9 @@ from eager_twin import captured_ops, eager_ops, train_twins
 NEEDS = {name: ("transformers" if name in ("gpt2", "bert", "llama", "t5") else
                 None if name == "lstm" else "torchvision") for name in MODELS}
 BIT_IDENTICAL = [n for n in MODELS if n != "lstm"]
+# the planner's default 60 s (half for the first solve) ran out on the 1-layer LSTM's plan
+# with the machine shared by three test runs; the suite tests results, not solve time
+SOLVER_SECONDS = 240
 
 
 def _build(name):
@@ -33,7 +36,7 @@ def _build(name):
 def test_compiled_training_is_bit_identical_to_eager(name):
     model, make_optimizer, loss_fn, batches = _build(name)
     ops = eager_ops(model, loss_fn, batches[0])
-    run = train_twins(model, make_optimizer, loss_fn, batches, budget="2:1")
+    run = train_twins(model, make_optimizer, loss_fn, batches, budget="2:1", time_limit=SOLVER_SECONDS)
     assert run.mismatches == []
     assert run.bytes_to_slow > 0  # the plan moved tensors: the tiers were exercised
     assert captured_ops(run.graph) == ops
@@ -48,7 +51,7 @@ def test_lstm_differs_from_eager_only_where_eager_runs_onednn():
     model, make_optimizer, loss_fn, batches = _build("lstm")
     ops = eager_ops(model, loss_fn, batches[0])
     assert {"mkldnn_rnn_layer", "mkldnn_rnn_layer_backward"} <= ops
-    run = train_twins(model, make_optimizer, loss_fn, batches, budget="2:1")
+    run = train_twins(model, make_optimizer, loss_fn, batches, budget="2:1", time_limit=SOLVER_SECONDS)
     assert not [m for m in run.mismatches if m.startswith(("loss", "global RNG"))]
     drifted = {m.split("'")[1].split(".")[0] for m in run.mismatches if m.startswith("state_dict")}
     assert drifted and drifted <= {"emb", "lstm", "head"}
