@@ -11,7 +11,15 @@ $(BIN)/.autotm-installed: pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@# the CPU build first: a bare `torch` requirement would pull a multi-GB CUDA build
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)" || $(BIN)/pip install -q "torch>=2.4"
-	@$(BIN)/pip install -q -e '.[test]'
+	@# the models extra (torchvision, transformers) with torch pinned to the build installed:
+	@# torchvision's minor version is torch's + 15 (torch 2.13 -> torchvision 0.28); pip may
+	@# not replace torch, and if it did anyway, stop here
+	@$(BIN)/python -c "import torch; print(torch.__version__)" > $(VENV)/torch-before.txt
+	@$(BIN)/python -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/torch-constraint.txt
+	@$(BIN)/pip install -q -c $(VENV)/torch-constraint.txt -e '.[test,models]' \
+		"torchvision==$$($(BIN)/python -c "import torch; v = torch.__version__.split('+')[0].split('.'); print(f'0.{int(v[1]) + 15}.*')")"
+	@$(BIN)/python -c "import torch; print(torch.__version__)" | cmp -s - $(VENV)/torch-before.txt || \
+		{ echo "pip replaced torch $$(cat $(VENV)/torch-before.txt) with $$($(BIN)/python -c 'import torch; print(torch.__version__)')"; exit 1; }
 	@# the executor's C++ arena allocator (tiers/cpu_arena.py), built once into the user's cache
 	@echo "building the CPU arena allocator (once, ~30 s) ..."
 	@$(BIN)/python -c "from autotm.tiers import cpu_arena; cpu_arena.load() or print('not built:', cpu_arena.load.reason)"

@@ -81,35 +81,39 @@ class CompiledStep:
             t[0] = now
 
         self.model, self.optimizer = model, optimizer
-        stage("capture", type(model).__name__)
-        self.graph = capture(model, loss_fn, optimizer, tuple(example_batch), name=type(model).__name__)
-        finished("capture")
-        self._owned = isinstance(memory, str)
-        self.memory = make_memory_system(memory, slow_dir=slow_dir) if isinstance(memory, str) else memory
-        plan_options.setdefault("time_limit", COMPILE_TIME_LIMIT)
-        try:
-            if not plan_options.get("pin_params"):
-                # an infeasible budget fails now, before the minutes of the profile
-                from .planner.floor import check_before_profile
+        self.memory = None
+        # the profile draws random operands and calibrates with a fixed seed: the caller's
+        # RNG stream goes on after compile as if compile had not run
+        with torch.random.fork_rng(devices=[]):
+            stage("capture", type(model).__name__)
+            self.graph = capture(model, loss_fn, optimizer, tuple(example_batch), name=type(model).__name__)
+            finished("capture")
+            self._owned = isinstance(memory, str)
+            self.memory = make_memory_system(memory, slow_dir=slow_dir) if isinstance(memory, str) else memory
+            plan_options.setdefault("time_limit", COMPILE_TIME_LIMIT)
+            try:
+                if not plan_options.get("pin_params"):
+                    # an infeasible budget fails now, before the minutes of the profile
+                    from .planner.floor import check_before_profile
 
-                check_before_profile(self.graph, budget, formulation, self.memory.access)
-            inputs = TrainingState(self.graph, model, optimizer).inputs(tuple(example_batch))
-            stage("profile", f"{len(self.graph.kernels)} kernels on {self.memory.name}")
-            self.cost_model, self.profile_stats = profile(
-                self.graph, self.memory, cache, inputs=inputs, return_stats=True,
-                progress=None if report is None else lambda d, n, w: report("profile", d, n, w))
-            del inputs
-            finished("profile")
-            stage("plan", f"{formulation}, time limit {plan_options['time_limit']:g} s")
-            self.plan = make_plan(self.graph, self.cost_model, budget, formulation, **plan_options)
-            finished("plan")
-            stage("session")
-            self.session = ExecutorSession(self.graph, self.plan, self.memory, model, optimizer)
-            finished("session")
-            stage("done")
-        except BaseException:
-            self.close()
-            raise
+                    check_before_profile(self.graph, budget, formulation, self.memory.access)
+                inputs = TrainingState(self.graph, model, optimizer).inputs(tuple(example_batch))
+                stage("profile", f"{len(self.graph.kernels)} kernels on {self.memory.name}")
+                self.cost_model, self.profile_stats = profile(
+                    self.graph, self.memory, cache, inputs=inputs, return_stats=True,
+                    progress=None if report is None else lambda d, n, w: report("profile", d, n, w))
+                del inputs
+                finished("profile")
+                stage("plan", f"{formulation}, time limit {plan_options['time_limit']:g} s")
+                self.plan = make_plan(self.graph, self.cost_model, budget, formulation, **plan_options)
+                finished("plan")
+                stage("session")
+                self.session = ExecutorSession(self.graph, self.plan, self.memory, model, optimizer)
+                finished("session")
+                stage("done")
+            except BaseException:
+                self.close()
+                raise
         self._hook = model.register_state_dict_pre_hook(lambda *a, **k: self.sync())
         self._publish()
 

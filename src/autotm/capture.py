@@ -10,6 +10,8 @@ computes users and live ranges.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import operator
 import sys
 import time
@@ -52,15 +54,127 @@ class Program:
 
 
 class _LossOf(nn.Module):
-    """model + loss as one module, so AOTAutograd can export the joint graph."""
+    """model + loss as one module, so AOTAutograd can export the joint graph.
+
+    A tied tensor (one Parameter under several names, GPT-2's lm_head.weight and wte.weight)
+    is exported as one graph input under its first name, every name reading it: the traced
+    autograd then sums its gradients in the order they arrive, as eager's does. (Exported
+    under each name, its gradients would be summed per name first, in another order.)
+    """
 
     def __init__(self, model: nn.Module, loss_fn):
         super().__init__()
         self.model = model
         self.loss_fn = loss_fn
+        self.tied = {a: c for a, c in _aliases(model.named_parameters(remove_duplicate=False)).items() if a != c}
+        self.tied_buffers = {a: c for a, c in _aliases(model.named_buffers(remove_duplicate=False)).items() if a != c}
+
+    def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):  # noqa: ARG002
+        return super().named_parameters(prefix, recurse, remove_duplicate=True)
+
+    def named_buffers(self, prefix="", recurse=True, remove_duplicate=True):  # noqa: ARG002
+        return super().named_buffers(prefix, recurse, remove_duplicate=True)
 
     def forward(self, *batch):
-        return (self.loss_fn(self.model(*batch[:-1]), batch[-1]),)
+        if self.tied or self.tied_buffers:
+            # the aliases read the (traced) value their first name holds now
+            from torch.func import functional_call
+
+            m = self.model
+            # (by attribute: while exporting, each first name holds a traced tensor, not a Parameter)
+            values = {a: functools.reduce(getattr, c.split("."), m)
+                      for a, c in {**self.tied, **self.tied_buffers}.items()}
+            pred = functional_call(m, values, tuple(batch[:-1]), tie_weights=False, strict=False)
+        else:
+            pred = self.model(*batch[:-1])
+        return (self.loss_fn(pred, batch[-1]),)
+
+
+# Ops whose Python decomposition (torch._decomp, used while tracing) is not what eager runs
+# on the CPU: dropout became native_dropout (a bool mask times a scale rounded in double)
+# where eager's C++ kernel draws a float mask with bernoulli_, divides it by 1 - p and
+# multiplies. (Not LSTM: eager's C++ path calls mkldnn_rnn_layer, whose backward returns
+# one tensor as two parameters' gradients, which export refuses; its Python decomposition
+# stays, per-timestep kernels that round differently: README, "Your own model".)
+_PYTHON_DECOMPOSED = ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout")
+
+
+@contextlib.contextmanager
+def _decompose_as_eager():
+    """Export decomposes every op that has a composite (CompositeImplicitAutograd) kernel,
+    also where eager PyTorch runs a fused one: SiLU's and Mish's backward became 5-8
+    pointwise kernels (not bit-identical) where eager calls aten.silu_backward. While we
+    export, an op is decomposed where eager's autograd would decompose it (the rule
+    torch.compile's functionalization uses), and by its C++ composite kernel, as eager does
+    (_PYTHON_DECOMPOSED)."""
+    try:
+        from torch._subclasses import functional_tensor as ft
+
+        export_rule = ft._can_decompose_fast
+    except (ImportError, AttributeError):  # an older torch: export's own rule
+        yield
+        return
+
+    def eager_rule(func, export, pre_dispatch):
+        return export_rule(func, False if not pre_dispatch else export, pre_dispatch)
+
+    keys = (torch._C.DispatchKey.CompositeImplicitAutograd, torch._C.DispatchKey.Autograd)
+    removed = []
+    for name in _PYTHON_DECOMPOSED:
+        packet = getattr(torch.ops.aten, name, None)
+        for op in [getattr(packet, o) for o in packet.overloads()] if packet is not None else ():
+            for key in keys:
+                if key in op.py_kernels:
+                    removed.append((op, key, op.py_kernels.pop(key)))
+                    op._dispatch_cache.clear()
+    ft._can_decompose_fast = eager_rule
+    try:
+        yield
+    finally:
+        ft._can_decompose_fast = export_rule
+        for op, key, fn in removed:
+            op.py_kernels[key] = fn
+            op._dispatch_cache.clear()
+
+
+@dataclass(frozen=True)
+class _ModelParameters:
+    alias: dict[str, str]  # every name of a parameter -> the name the graph carries it under
+    groups: dict[str, int]  # trainable parameter (carried name) -> its optimizer group
+
+
+def _aliases(named) -> dict[str, str]:
+    """name -> the first name of the same tensor (tied weights share one)."""
+    first: dict[int, str] = {}
+    out = {}
+    for n, t in named:
+        out[n] = first.setdefault(id(t), n)
+    return out
+
+
+def _model_parameters(model: nn.Module, optimizer: torch.optim.Optimizer) -> _ModelParameters:
+    """Which parameters train and in which optimizer group; refuse what eager would do otherwise.
+
+    Frozen parameters (requires_grad=False) are carried unchanged, in the optimizer or not (eager's
+    optimizer skips a parameter without a gradient). A trainable parameter missing from the
+    optimizer is refused: eager would accumulate a .grad for it every step that autotm never makes.
+    """
+    alias = _aliases(model.named_parameters(remove_duplicate=False))
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    groups: dict[str, int] = {}
+    for gi, g in enumerate(optimizer.param_groups):
+        for p in g["params"]:
+            if id(p) not in by_id:
+                raise CaptureError(f"optimizer group {gi} holds a tensor of shape {list(p.shape)} that is not a "
+                                   "parameter of the model")
+            if p.requires_grad:
+                groups[by_id[id(p)]] = gi
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and n not in groups]
+    if missing:
+        raise CaptureError(f"trainable parameters in no optimizer group: {', '.join(missing[:5])}"
+                           f"{' ...' if len(missing) > 5 else ''}; freeze them (requires_grad_(False)) or add them "
+                           "to the optimizer")
+    return _ModelParameters(alias=alias, groups=groups)
 
 
 def _is_fake(t: torch.Tensor) -> bool:
@@ -129,29 +243,24 @@ def capture(
     t0 = time.perf_counter()
     batch = _check_batch(example_batch)
     lowering = lower_optimizer(optimizer)
-    named_params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    param_names = [n for n, _ in named_params]
-    by_id = {id(p): n for n, p in named_params}
-    param_groups: dict[str, int] = {}
-    for gi, g in enumerate(optimizer.param_groups):
-        for p in g["params"]:
-            if id(p) not in by_id:
-                raise CaptureError("the optimizer holds a tensor that is not a trainable parameter of the model")
-            param_groups[by_id[id(p)]] = gi
-    missing = [n for n in param_names if n not in param_groups]
-    if missing:
-        raise CaptureError(f"parameters not in the optimizer: {', '.join(missing[:5])}; freeze them (requires_grad=False) or add them")
-    buffer_names = [n for n, _ in model.named_buffers()]
+    model_params = _model_parameters(model, optimizer)
+    param_groups = model_params.groups
+    buffer_alias = _aliases(model.named_buffers(remove_duplicate=False))
+    named_params = list(model.named_parameters())
     fake = any(_is_fake(t) for t in batch) or any(_is_fake(p) for _, p in named_params)
 
     wrapper = _LossOf(model, loss_fn)
     try:
         from torch._functorch.aot_autograd import aot_export_module
 
-        joint, sig = aot_export_module(wrapper, list(batch), trace_joint=True, output_loss_index=0)
+        with _decompose_as_eager():
+            joint, sig = aot_export_module(wrapper, list(batch), trace_joint=True, output_loss_index=0)
     except CaptureError:
         raise
     except Exception as e:  # any op that tracing cannot handle
+        if "did not receive a gradient" in str(e):
+            raise CaptureError("a trainable parameter does not reach the loss (torch's export needs a gradient for "
+                               "each): freeze it with requires_grad_(False)") from e
         op, module = _failing_op_and_module(e, model)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CaptureError(f"cannot capture op {op} in module {module}: {first}") from e
@@ -162,16 +271,32 @@ def capture(
     mutated = {o: strip(b) for o, b in sig.buffers_to_mutate.items()}
     grads_of = {o: strip(p) for o, p in sig.backward_signature.gradients_to_parameters.items()}
     loss_name = sig.user_outputs[0]
-    sig_params = [strip(p) for p in sig.parameters]
-    sig_buffers = [strip(b) for b in sig.buffers]
-    if sorted(sig_params) != sorted(param_names):
-        frozen = sorted(set(sig_params) - set(param_names))
-        raise CaptureError(f"frozen parameters are not supported yet: {', '.join(frozen[:5])}")
+    # Tied parameters (one tensor under several names) are exported once, under their first name.
+    sig_names = [strip(p) for p in sig.parameters]
+    unknown = [n for n in sig_names if n not in model_params.alias]
+    if unknown:
+        raise CaptureError(f"the traced model reads parameters the model does not list: {', '.join(unknown[:5])}")
+    sig_params = list(dict.fromkeys(model_params.alias[n] for n in sig_names))
+    sig_buffer_names = [strip(b) for b in sig.buffers]
+    sig_buffers = list(dict.fromkeys(buffer_alias.get(b, b) for b in sig_buffer_names))
+    shared_mutated = sorted({b for b in mutated.values() if buffer_alias.get(b, b) != b
+                             or sum(buffer_alias.get(x, x) == b for x in sig_buffer_names) > 1})
+    if shared_mutated:
+        raise CaptureError(f"a buffer registered under several names is updated by the forward: {shared_mutated[0]}")
+    grad_parts: dict[str, list[str]] = {}
+    for o, n in grads_of.items():
+        grad_parts.setdefault(model_params.alias[n], []).append(o)
+    doubled = [n for n, parts in grad_parts.items() if len(parts) > 1]
+    if doubled:  # (_LossOf exports a tied tensor once)
+        raise CaptureError(f"parameter {doubled[0]} has {len(grad_parts[doubled[0]])} gradients in the export")
+    # (export refuses a trainable parameter the loss does not reach; should one come without a
+    # gradient all the same, eager's optimizer skips it, as here)
+    param_groups = {n: gi for n, gi in param_groups.items() if n in grad_parts}
+    trainable = [n for n in sig_params if n in param_groups]
 
     state_model = dict(model.named_parameters())
     state_model.update(dict(model.named_buffers()))
-    groups_of = [param_groups[n] for n in sig_params]
-    slots = {n: lowering.state_slots(param_groups[n]) for n in sig_params}
+    slots = {n: lowering.state_slots(param_groups[n]) for n in trainable}
     n_scalar_groups = len(optimizer.param_groups)
 
     # Inputs of the combined trace, flattened; keys say what each one is.
@@ -184,7 +309,7 @@ def capture(
         input_keys.append(f"buffer:{b}")
         inputs.append(state_model[b].detach())
     opt_state = optimizer.state
-    for n in sig_params:
+    for n in trainable:
         p = state_model[n]
         st = lowering.initial_state(param_groups[n], p, opt_state.get(p, {}))
         if fake:
@@ -201,14 +326,16 @@ def capture(
         inputs.append(b)
 
     n_p, n_b = len(sig_params), len(sig_buffers)
+    param_at = {n: i for i, n in enumerate(sig_params)}
+    buffer_at = {b: i for i, b in enumerate(sig_buffers)}
 
     def iteration(*flat):
         params = flat[:n_p]
         buffers = flat[n_p:n_p + n_b]
         pos = n_p + n_b
-        states = []
-        for n in sig_params:
-            states.append(dict(zip(slots[n], flat[pos:pos + len(slots[n])])))
+        states = {}
+        for n in trainable:
+            states[n] = dict(zip(slots[n], flat[pos:pos + len(slots[n])]))
             pos += len(slots[n])
         scalars = []
         for gi in range(n_scalar_groups):
@@ -216,19 +343,24 @@ def capture(
             scalars.append(dict(zip(lowering.scalar_slots(gi), flat[pos:pos + k])))
             pos += k
         user = flat[pos:]
-        outs = joint(*params, *buffers, *user)
+        outs = joint(*[params[param_at[model_params.alias[n]]] for n in sig_names],
+                     *[buffers[buffer_at[buffer_alias.get(b, b)]] for b in sig_buffer_names], *user)
         by_name = dict(zip(out_names, outs))
         loss = by_name[loss_name]
         new_buffers = {mutated[o]: by_name[o] for o in out_names if o in mutated}
-        grads = {grads_of[o]: by_name[o] for o in out_names if o in grads_of}
+        grads = {n: by_name[parts[0]] for n, parts in grad_parts.items()}
         new_params, new_states = [], []
-        for n, p, st, gi in zip(sig_params, params, states, groups_of):
-            np_, ns = lowering.update(gi, p, grads[n], st, scalars[gi])
+        for n in trainable:
+            gi = param_groups[n]
+            np_, ns = lowering.update(gi, params[param_at[n]], grads[n], states[n], scalars[gi])
             new_params.append(np_)
             new_states.append([ns[s] for s in slots[n]])
         flat_states = [t for st in new_states for t in st]
-        return (loss, *new_params, *[new_buffers[b] for b in sig_buffers if b in new_buffers], *flat_states,
-                *[grads[n] for n in sig_params])
+        # read-only state (frozen parameters, buffers the forward does not write) comes out
+        # as it went in: carried between iterations like the rest, never overwritten
+        frozen_params = [params[param_at[n]] for n in sig_params if n not in param_groups]
+        all_buffers = [new_buffers.get(b, buffers[buffer_at[b]]) for b in sig_buffers]
+        return (loss, *new_params, *frozen_params, *all_buffers, *flat_states, *[grads[n] for n in trainable])
 
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -245,18 +377,17 @@ def capture(
     loss_node = flat_out[0]
     cursor = 1
     out_key_nodes: dict[str, fx.Node] = {"loss": loss_node}
-    for n in sig_params:
+    for n in trainable + [n for n in sig_params if n not in param_groups]:
         out_key_nodes[f"param:{n}"] = flat_out[cursor]
         cursor += 1
     for b in sig_buffers:
-        if b in set(mutated.values()):
-            out_key_nodes[f"buffer:{b}"] = flat_out[cursor]
-            cursor += 1
-    for n in sig_params:
+        out_key_nodes[f"buffer:{b}"] = flat_out[cursor]
+        cursor += 1
+    for n in trainable:
         for s in slots[n]:
             out_key_nodes[f"opt:{n}:{s}"] = flat_out[cursor]
             cursor += 1
-    grad_nodes = {n: flat_out[cursor + i] for i, n in enumerate(sig_params)}
+    grad_nodes = {n: flat_out[cursor + i] for i, n in enumerate(trainable)}
     out_node.args = (tuple(out_key_nodes.values()),)
     gm.graph.eliminate_dead_code()
     gm.recompile()

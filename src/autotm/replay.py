@@ -15,7 +15,7 @@ import torch
 import torch.fx as fx
 
 from .errors import AutotmError, ReplayError
-from .graph import TrainingGraph
+from .graph import Role, TrainingGraph
 
 
 def _out_overload(op: torch._ops.OpOverload):
@@ -166,12 +166,15 @@ class OperandBuilder:
         return build
 
 
+_NOT_OURS = frozenset({Role.INPUT, Role.CONSTANT})
+
+
 def reuse_table(graph: TrainingGraph) -> list[tuple | None]:
     """Per kernel: (out overload, tensor id, out argument, shape, stride, in-place overload)
     when its output may be written into the storage of an input that dies at this kernel,
     as torch.optim's in-place updates do.
 
-    Only pointwise ops with one output qualify, and only when the input is read exactly
+    Only pointwise ops with one output qualify, never into the caller's batch or a constant, and only when the input is read exactly
     as the output is laid out and covers its whole storage; the values computed are the
     same (an out= call runs the same kernel), only an allocation is saved. When that input
     is the op's first argument, the entry also holds the op's in-place form (relu_): the
@@ -195,7 +198,9 @@ def reuse_table(graph: TrainingGraph) -> list[tuple | None]:
             out_tid = p.kernel_outputs[k][0][0]
             for tid, layouts in by_tid.items():
                 t = graph.tensors[tid]
-                if (tid in dying and not t.is_graph_output and layouts == {want} and want[2] == 0
+                # (never the caller's batch, nor a constant the graph reads again next step)
+                if (tid in dying and not t.is_graph_output and t.role not in _NOT_OURS
+                        and layouts == {want} and want[2] == 0
                         and t.nbytes == graph.tensors[out_tid].nbytes
                         and out.numel() * out.element_size() == t.nbytes):
                     ov = _out_overload(op)
@@ -339,8 +344,7 @@ class TrainingState:
             self.values[f"param:{n}"] = named[n].detach().clone()
         for b in p.buffer_names:
             self.values[f"buffer:{b}"] = named[b].detach().clone()
-        for n in p.param_names:
-            gi = p.param_groups[n]
+        for n, gi in p.param_groups.items():  # the parameters the optimizer updates
             st = p.lowering.initial_state(gi, named[n], optimizer.state.get(named[n], {}))
             for s in p.lowering.state_slots(gi):
                 self.values[f"opt:{n}:{s}"] = st[s].detach().clone()
@@ -348,8 +352,8 @@ class TrainingState:
 
     def _step_of(self, gi: int) -> float:
         p = self.graph.program
-        steps = {float(self.values[f"opt:{n}:step"]) for n in p.param_names
-                 if p.param_groups[n] == gi and f"opt:{n}:step" in self.values}
+        steps = {float(self.values[f"opt:{n}:step"]) for n, g in p.param_groups.items()
+                 if g == gi and f"opt:{n}:step" in self.values}
         if len(steps) > 1:
             raise ReplayError(f"parameters of optimizer group {gi} are at different step counts {sorted(steps)}")
         return steps.pop() if steps else 0.0
@@ -392,8 +396,7 @@ class TrainingState:
                 kind, rest = key.split(":", 1)
                 if kind in ("param", "buffer"):
                     named[rest].copy_(v)
-            for n in p.param_names:
-                gi = p.param_groups[n]
+            for n, gi in p.param_groups.items():
                 for s in p.lowering.state_slots(gi):
                     v = self.values[f"opt:{n}:{s}"]
                     # state computed on another device (a GPU run) goes where its parameter is
