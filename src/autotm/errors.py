@@ -15,3 +15,8 @@ class CaptureError(AutotmError):
 
 class ReplayError(AutotmError):
     """A kernel failed while a captured graph was being run."""
+
+
+class StateChanged(AutotmError):
+    """Training state was changed between compiled steps in a way the compiled step cannot
+    follow exactly (names what changed: a hyperparameter, a parameter, the mode)."""
