@@ -3,12 +3,21 @@ effect exactly as in eager PyTorch, or the next step refuses it naming what chan
 test compiles a small MLP at a budget where the plan keeps some weights in slow memory and
 others in fast memory, and compares with an eager copy from the same seed, bit for bit."""
 
+import copy
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 from torch import nn
 
 import autotm
-from autotm.errors import StateChanged
+from autotm.errors import ReplayError, StateChanged
+from autotm.executor import SessionFailed
 
 BUDGET = 200_000  # bytes: the synchronous plan keeps 0.weight and 2.weight slow, the rest fast
 
@@ -106,3 +115,151 @@ def test_scheduler_and_hand_edits_take_effect_as_in_eager(make_opt):
                 g["betas"] = (0.8, 0.95)
                 g["eps"] = 1e-6
     run_both(make_opt, change)
+
+
+def test_edits_between_steps_take_effect_as_in_eager(tmp_path):
+    """load_state_dict on the model and the optimizer, in-place edits and replaced tensors,
+    for weights planned fast and slow."""
+    eager, model = net(), net()
+    make = lambda m: torch.optim.Adam(m.parameters(), lr=1e-3)  # noqa: E731
+    eager_opt, opt = make(eager), make(model)
+    step = compiled(model, opt)
+    res = residency(step)
+    slow = next(k[len("param:"):] for k, v in res.items() if k.startswith("param:") and v == "slow")
+    fast = next(k[len("param:"):] for k, v in res.items() if k.startswith("param:") and v == "fast")
+    data = batches(6)
+    try:
+        def both(fn):
+            fn(eager, eager_opt)
+            fn(model, opt)
+
+        for i, (x, y) in enumerate(data):
+            if i == 1:  # a checkpoint of another run loaded into both
+                other = net()
+                with torch.no_grad():
+                    for p_ in other.parameters():
+                        p_.mul_(0.9)
+                sd = other.state_dict()
+                both(lambda m, o: m.load_state_dict(sd))
+            if i == 2:  # in-place edits after state_dict(): of a slow weight and a fast one
+                def edit(m, o):
+                    m.state_dict()
+                    with torch.no_grad():
+                        m.get_parameter(slow).mul_(0.5)
+                        m.get_parameter(fast).add_(0.25)
+                both(edit)
+            if i == 3:  # the optimizer's own checkpoint, from the eager run, loaded into both
+                osd = copy.deepcopy(eager_opt.state_dict())
+                both(lambda m, o: o.load_state_dict(copy.deepcopy(osd)))  # (each its own tensors)
+            if i == 4:  # a fast weight assigned a new tensor; an edit of a fast one, no state_dict() first
+                def assign(m, o):
+                    with torch.no_grad():
+                        m.get_parameter(fast).data = m.get_parameter(fast).detach() * 2
+                        m.get_parameter("4.bias").sub_(0.1)
+                both(assign)
+            if i == 5:  # a forward pass outside the compiled step (validation) sees the current weights
+                with torch.no_grad():
+                    assert torch.equal(model(x), eager(x))
+            expected = eager_step(eager, eager_opt, x, y)
+            assert torch.equal(step(x, y), expected), i
+        assert_same_training(eager, eager_opt, model, opt)
+    finally:
+        step.close()
+
+
+def test_changes_a_compiled_step_cannot_follow_are_refused_by_name():
+    eager, model = net(), net()
+    make = lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)  # noqa: E731
+    eager_opt, opt = make(eager), make(model)
+    step = compiled(model, opt)
+    slow = next(k[len("param:"):] for k, v in residency(step).items() if k.startswith("param:") and v == "slow")
+    data = batches(3)
+    x, y = data[0]
+    assert torch.equal(step(x, y), eager_step(eager, eager_opt, x, y))
+    g = opt.param_groups[0]
+    refused = [
+        (lambda: model.eval(), lambda: model.train(), "module the model .*eval mode"),
+        (lambda: model[2].eval(), lambda: model[2].train(), "module 2 .*eval mode"),
+        (lambda: model[0].weight.requires_grad_(False), lambda: model[0].weight.requires_grad_(True),
+         "parameter 0.weight: requires_grad"),
+        (lambda: g.update(momentum=0.0), lambda: g.update(momentum=0.9), "group 0: momentum changed"),
+        (lambda: g.update(nesterov=True), lambda: g.update(nesterov=False), "group 0: nesterov"),
+        (lambda: g.update(dampening=0.1), lambda: g.update(dampening=0), "group 0: dampening"),
+        (lambda: g.update(weight_decay=0.1), lambda: g.update(weight_decay=0), "group 0: weight_decay"),
+        (lambda: g.update(maximize=True), lambda: g.update(maximize=False), "group 0: maximize"),
+        (lambda: opt.add_param_group({"params": [nn.Parameter(torch.zeros(3))]}), lambda: opt.param_groups.pop(),
+         "2 param groups now, 1 when compiled"),
+    ]
+    for change, undo, match in refused:
+        change()
+        with pytest.raises(StateChanged, match=match):
+            step(*data[1])
+        undo()
+    # an in-place edit of a slow weight whose copy in the model is a step old
+    with torch.no_grad():
+        model.get_parameter(slow).mul_(0.5)
+    with pytest.raises(StateChanged, match=f"{slow} was changed between steps, but the plan keeps it in slow memory"):
+        step(*data[1])
+    with torch.no_grad():
+        model.get_parameter(slow).mul_(2.0)  # (the refused edit stays out of the run: nothing was taken)
+    model.load_state_dict(model.state_dict())  # (and the model's copy is current again: a no-op edit)
+    for x, y in data[1:]:  # refused changes left the run as it was
+        assert torch.equal(step(x, y), eager_step(eager, eager_opt, x, y))
+    assert_same_training(eager, eager_opt, model, opt)
+    step.close()
+    with pytest.raises(SessionFailed, match="closed"):
+        step(*data[0])
+
+
+def _fail_at(step, k, exc):
+    """Make kernel k of the compiled step raise `exc` (a fault injected into the executor)."""
+    ex = step.session.executor
+    kc = ex.kernels[k]
+
+    fired = []
+
+    def boom(*a, **kw):
+        if fired:  # (once)
+            return kc.target(*a, **kw)
+        fired.append(k)
+        if exc is KeyboardInterrupt:  # a real Ctrl-C, delivered while kernel k runs
+            os.kill(os.getpid(), signal.SIGINT)
+            return kc.target(*a, **kw)
+        raise exc("injected fault")
+    ex.kernels[k] = dataclasses.replace(kc, target=boom, reuse=None, inplace=None)
+
+
+@pytest.mark.parametrize("where", ["forward", "update"])
+@pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt])
+def test_failed_or_interrupted_step_leaves_the_last_completed_state_or_refuses(where, exc):
+    eager, model = net(), net()
+    make = lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)  # noqa: E731
+    eager_opt, opt = make(eager), make(model)
+    step = compiled(model, opt)
+    data = batches(4)
+    try:
+        for x, y in data[:2]:
+            assert torch.equal(step(x, y), eager_step(eager, eager_opt, x, y))
+        ex = step.session.executor
+        k = 0 if where == "forward" else len(step.graph.kernels) - 1
+        assert (k < ex.first_overwrite) == (where == "forward")
+        _fail_at(step, k, exc)
+        with pytest.raises(KeyboardInterrupt if exc is KeyboardInterrupt else ReplayError):
+            step(*data[2])
+        if where == "update" and exc is RuntimeError:
+            # the update had begun overwriting the weights: no state to give, and it says so
+            with pytest.raises(SessionFailed, match="step 3 failed .* load a checkpoint"):
+                model.state_dict()
+            with pytest.raises(SessionFailed, match="step 3 failed"):
+                opt.state_dict()
+            with pytest.raises(SessionFailed, match="step 3 failed"):
+                step(*data[2])
+            return
+        if where == "update":  # Ctrl-C once the update had begun: the step was finished first
+            eager_step(eager, eager_opt, *data[2])
+        assert_same_training(eager, eager_opt, model, opt)  # (optimizer.state_dict() first)
+        for x, y in data[3:]:  # and training goes on from there
+            assert torch.equal(step(x, y), eager_step(eager, eager_opt, x, y))
+        assert_same_training(eager, eager_opt, model, opt)
+    finally:
+        step.close()

@@ -62,11 +62,13 @@ class CompiledStep:
         self._modes = {name: m.training for name, m in model.named_modules()}
         self._requires_grad = {name: p.requires_grad for name, p in model.named_parameters()}
         self._steps_done = 0
-        self._synced_at = 0  # steps done when the model's copies of slow values were last current
+        self._synced = False  # the model holds copies of the slow values, current since the last step
         self._model_loaded = False  # model.load_state_dict since the last step
         self._hooks = [model.register_state_dict_pre_hook(lambda *a, **k: self._before_state_dict("model")),
                        optimizer.register_state_dict_pre_hook(lambda *a: self._before_state_dict("optimizer")),
                        model.register_load_state_dict_post_hook(lambda *a: self._loaded("model")),
+                       model.register_load_state_dict_pre_hook(lambda *a, **k: self.sync()),
+                       model.register_forward_pre_hook(lambda *a: self.sync()),
                        optimizer.register_load_state_dict_post_hook(lambda *a: self._loaded("optimizer"))]
         self._lost_for: set[str] = set()  # "model", "optimizer": whose state_dict() raises
         self._publish()
@@ -131,8 +133,8 @@ class CompiledStep:
         t = self._current(named, key)
         if key.startswith("opt:"):
             self._seen[key] = (t, None if t is None else t._version)
-        else:
-            self._seen[key] = (t.data_ptr(), t._version)
+        else:  # (holding the storage: its address cannot be another tensor's while we compare)
+            self._seen[key] = (t.untyped_storage(), t._version)
 
     def _changed(self, named: dict, key: str) -> str | None:
         """None, "replaced" (a new tensor: a complete value) or "edited" (in place)."""
@@ -142,7 +144,7 @@ class CompiledStep:
             if t is not before:
                 return "replaced"
             return None if t is None or t._version == version else "edited"
-        if t.data_ptr() != before:
+        if t.untyped_storage()._cdata != before._cdata:
             return "replaced"
         return None if t._version == version else "edited"
 
@@ -168,19 +170,18 @@ class CompiledStep:
                 name, slot = key[len("opt:"):].rsplit(":", 1)
                 t = lowering.initial_state(p.param_groups[name], named[name], {})[slot]
             what = key.split(":", 1)[1].replace(":", " ")
-            if how == "edited" and slow and not (self._model_loaded and not key.startswith("opt:")) \
-                    and self._synced_at != self._steps_done:
+            if slow and t.numel() == 0 and self.graph.tensors[tid_of[key]].nbytes > 0:
                 raise StateChanged(
-                    f"{what} was changed in place between steps, but the plan keeps it in slow memory and the "
-                    f"model's copy was {self._steps_done - self._synced_at} step(s) old: call step.sync() (or "
-                    "state_dict()) before editing it, or assign a whole new value")
+                    f"{what} was changed between steps, but the plan keeps it in slow memory and the model "
+                    "held no copy of it (an empty tensor): call step.sync() (or state_dict()) before reading "
+                    "or editing it")
             ref = self.graph.tensors[tid_of[key]]
             if tuple(t.shape) != ref.shape or str(t.dtype).replace("torch.", "") != ref.dtype:
                 raise StateChanged(f"{what} is {str(t.dtype).replace('torch.', '')}{list(t.shape)} now, "
                                    f"{ref.dtype}{list(ref.shape)} when compiled; compile again")
             if not slow and how == "edited":
                 continue  # (the model's tensor is the carried one: the edit is in it already)
-            value = t.detach().clone()
+            value = t.detach().clone()  # (ours: the user's tensor may be shared, e.g. with another optimizer)
             if slow:
                 s.carried[key] = self.memory.to_slow(tid_of[key], value)
                 self.memory.free_slow(v)
@@ -238,21 +239,33 @@ class CompiledStep:
         for key, v in self.session.carried.items():
             if isinstance(v, torch.Tensor):
                 self._assign(named, key, v)
+            else:  # no stale copy in DRAM: a read of one fails loudly, sync() brings the value
+                self._stub(named, key)
+        self._synced = False
         if not hasattr(self, "_seen"):
             self._seen = {}
         for key in self.session.carried:
             self._mark(named, key)
 
+    def _stub(self, named: dict, key: str) -> None:
+        kind, rest = key.split(":", 1)
+        if kind in ("param", "buffer"):
+            named[rest].data = torch.empty(0, dtype=named[rest].dtype)
+        else:
+            name, slot = rest.rsplit(":", 1)
+            self.optimizer.state.get(named[name], {}).pop(slot, None)
+
     def sync(self) -> None:
-        """Copy values the plan keeps in slow memory into the model and optimizer."""
-        if self.session is None:
+        """Copy values the plan keeps in slow memory into the model and optimizer (once
+        between two steps: edits made since are kept)."""
+        if self.session is None or self._synced:
             return
         named = self._named()
         for key, v in self.session.carried.items():
             if isinstance(v, SlowHandle):
                 self._assign(named, key, self.memory.to_fast(v))
                 self._mark(named, key)
-        self._synced_at = self._steps_done
+        self._synced = True
 
     def _unarena(self) -> None:
         """Give the model copies of its tensors in the executor's arena (which goes with it)."""
