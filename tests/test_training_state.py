@@ -263,3 +263,70 @@ def test_failed_or_interrupted_step_leaves_the_last_completed_state_or_refuses(w
         assert_same_training(eager, eager_opt, model, opt)
     finally:
         step.close()
+
+
+CHECKPOINTING_CHILD = textwrap.dedent("""
+    import sys, torch
+    from torch import nn
+    import autotm
+    from test_training_state import BUDGET, batches, net
+
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
+    step = autotm.compile(model, nn.CrossEntropyLoss(), opt, batches(1)[0], memory="cpu+file", budget=BUDGET,
+                          formulation="synchronous")
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
+    data = batches(6)
+    for x, y in data[:3]:
+        step(x, y)
+        sched.step()
+    # (the optimizer's state first: the order that used to lose slow-resident momentum)
+    torch.save({"opt": opt.state_dict(), "sched": sched.state_dict(), "model": model.state_dict()}, sys.argv[1])
+    print("SAVED", flush=True)
+    while True:  # training on until killed
+        for x, y in data[3:]:
+            step(x, y)
+""")
+
+
+def test_checkpoint_survives_sigkill_and_resumes_eagers_trajectory(tmp_path):
+    ckpt = tmp_path / "ckpt.pt"
+    script = tmp_path / "child.py"
+    script.write_text(CHECKPOINTING_CHILD)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__)] + sys.path))
+    p = subprocess.Popen([sys.executable, str(script), str(ckpt)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env)
+    try:
+        line = p.stdout.readline()
+        assert line.startswith("SAVED"), (line, p.stderr.read() if p.poll() is not None else "")
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    # resumed here, a new process, from the checkpoint
+    saved = torch.load(ckpt)
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["opt"])
+    sched.load_state_dict(saved["sched"])
+    step = compiled(model, opt)
+    # eager, uninterrupted
+    eager = net()
+    eager_opt = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
+    eager_sched = torch.optim.lr_scheduler.StepLR(eager_opt, step_size=1, gamma=0.7)
+    data = batches(6)
+    try:
+        for x, y in data[:3]:
+            eager_step(eager, eager_opt, x, y)
+            eager_sched.step()
+        for x, y in data[3:]:
+            assert torch.equal(step(x, y), eager_step(eager, eager_opt, x, y))
+            sched.step()
+            eager_sched.step()
+        assert_same_training(eager, eager_opt, model, opt)
+    finally:
+        step.close()

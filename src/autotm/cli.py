@@ -255,6 +255,8 @@ def run(
             t.add_row("bit-identical to eager", "[green]yes[/green]" if r.identical else f"[red]NO[/red] {r.mismatches[:2]}")
         console.print(t)
     if verify and not r.identical:
+        err_console.print(f"[red]error:[/red] the run is not bit-identical to eager PyTorch: {r.mismatches[:2]}",
+                          highlight=False, soft_wrap=True)
         raise typer.Exit(1)
 
 
@@ -269,6 +271,8 @@ def demo(
 
     ok = run_demo(console, model=model, budget=budget, out=out)
     if not ok:
+        err_console.print("[red]error:[/red] the demo failed: a plan's run is not bit-identical to eager PyTorch "
+                          "(the table's exact column)", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
 
 
@@ -302,7 +306,9 @@ def main() -> None:
 
     warnings.showwarning = _show_warning
     try:
-        app(standalone_mode=False)
+        # (without standalone mode click returns a typer.Exit's code instead of exiting)
+        code = app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
     except (AutotmError, ValueError) as e:
         if _Options.debug:
             raise
@@ -311,14 +317,15 @@ def main() -> None:
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
-        err_console.print("interrupted")
+        err_console.print("interrupted (Ctrl-C)", highlight=False)
         sys.exit(130)
     except Exception as e:
         # usage errors of the click that typer bundles: show them the usual way
         if hasattr(e, "show") and hasattr(e, "exit_code"):
             e.show()
             sys.exit(e.exit_code)
-        if type(e).__name__ == "Abort":
+        if type(e).__name__ == "Abort":  # (click's form of a Ctrl-C)
+            err_console.print("interrupted (Ctrl-C)", highlight=False)
             sys.exit(130)
         raise
 
