@@ -232,6 +232,15 @@ def _fail_at(step, k, exc):
 @pytest.mark.parametrize("where", ["forward", "update"])
 @pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt])
 def test_failed_or_interrupted_step_leaves_the_last_completed_state_or_refuses(where, exc):
+    # (Python's Ctrl-C handler, also when the suite runs in a background job that ignores SIGINT)
+    old_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _fail_and_go_on(where, exc)
+    finally:
+        signal.signal(signal.SIGINT, old_handler)
+
+
+def _fail_and_go_on(where, exc):
     eager, model = net(), net()
     make = lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)  # noqa: E731
     eager_opt, opt = make(eager), make(model)

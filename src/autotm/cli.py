@@ -110,6 +110,13 @@ def profile(
 
 
 def _plan_options(window, time_limit, mip_gap, pin_params):
+    """The planner's options, refused before any work when out of range."""
+    if window < 0:
+        raise ValueError(f"--window must be 0 or more, not {window}")
+    if not time_limit > 0:
+        raise ValueError(f"--time-limit must be a positive number of seconds, not {time_limit}")
+    if not 0 <= mip_gap < 1:
+        raise ValueError(f"--mip-gap must be at least 0 and below 1, not {mip_gap}")
     return dict(window=window, time_limit=time_limit, mip_gap=mip_gap, pin_params=pin_params)
 
 
@@ -124,6 +131,10 @@ def _prepare(model, preset, batch, image, memory, cache):
     from .profile import profile_workload
 
     w = _workload(model, preset, batch, image)
+    if not memory.startswith("sim:"):
+        from .tiers import make_memory_system
+
+        make_memory_system(memory).close()  # (it exists, its slow directory is writable: before the capture)
     with console.status(f"capturing and profiling {w.name} on {memory} ...", spinner="dots"):
         graph, cm, _ = profile_workload(w, memory, cache)
     return w, graph, cm
@@ -177,9 +188,10 @@ def plan(
     from .planner import plan as make_plan
 
     _check_budget(budget, formulation)
+    options = _plan_options(window, time_limit, mip_gap, pin_params)
     w, graph, cm = _prepare(model, preset, batch, image, memory, cache)
     with console.status(f"planning ({formulation}) ...", spinner="dots") if not as_json else _null():
-        p = make_plan(graph, cm, budget, formulation, **_plan_options(window, time_limit, mip_gap, pin_params))
+        p = make_plan(graph, cm, budget, formulation, **options)
     if output:
         p.save(output)
     s = _plan_summary(p)
@@ -234,8 +246,9 @@ def run(
     _check_budget(budget, formulation)
     if iterations < 1:
         raise ValueError("--iterations must be at least 1")
+    options = _plan_options(window, time_limit, mip_gap, pin_params)
     w, graph, cm = _prepare(model, preset, batch, image, memory, cache)
-    p = make_plan(graph, cm, budget, formulation, **_plan_options(window, time_limit, mip_gap, pin_params))
+    p = make_plan(graph, cm, budget, formulation, **options)
     with make_memory_system(memory) as ms:
         with console.status(f"running {iterations} iterations ...", spinner="dots") if not as_json else _null():
             r = run_workload(w, graph, cm, p, ms, iterations=iterations, verify=verify)
