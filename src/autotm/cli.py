@@ -321,6 +321,8 @@ def main() -> None:
     try:
         # (without standalone mode click returns a typer.Exit's code instead of exiting)
         code = app(standalone_mode=False)
+        if code == 130:  # (typer turns a Ctrl-C into this code, silently)
+            err_console.print("interrupted (Ctrl-C)", highlight=False)
         sys.exit(code if isinstance(code, int) else 0)
     except (AutotmError, ValueError) as e:
         if _Options.debug:
