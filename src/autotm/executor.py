@@ -336,7 +336,10 @@ class Executor(Replay):
         # failure before it leaves the caller's state as the last iteration left it
         fast_carried = [tid for key, tid in self.program.input_keys
                         if key.split(":")[0] in ("param", "buffer", "opt") and self.initial.get(tid) == "fast"]
-        self.first_overwrite = min((graph.tensors[tid].live[1] for tid in fast_carried), default=n)
+        # (or its first move: an evicted or dropped one's bytes in the arena go to other tensors)
+        moved = {tp.id: min((a.at for a in tp.actions), default=n) for tp in plan.tensors}
+        self.first_overwrite = min((min(graph.tensors[tid].live[1], moved.get(tid, n)) for tid in fast_carried),
+                                   default=n)
         self.at_kernel = -1  # the kernel the current iteration has reached (-1: none yet)
         self._borrowed: set[int] = set()  # slow inputs the caller owns (never freed here)
         self.arena: cpu_arena.CpuArena | None = None
