@@ -17,7 +17,9 @@ from typing import Any, Callable
 import torch
 
 from .capture import capture
-from .executor import ExecutorSession, RunReport
+from .errors import StateChanged
+from .executor import ExecutorSession, RunReport, SessionFailed
+from .optim_lowering import live_groups
 from .planner import plan as make_plan
 from .replay import TrainingState
 from .tiers.base import MemorySystem, SlowHandle, make_memory_system
@@ -58,7 +60,17 @@ class CompiledStep:
     """`loss = step(x, y)`: one training iteration following the plan.
 
     `stage_seconds`: wall seconds of "capture", "profile", "plan" and "session" (the
-    executor's set-up); `profile_stats`: the profile's ProfileStats."""
+    executor's set-up); `profile_stats`: the profile's ProfileStats.
+
+    Between steps the model and optimizer stay the user's (docs: README "What autotm
+    guarantees"): hyperparameters are read at every step; `load_state_dict` on either,
+    in-place edits and replaced tensors are taken into the next step, as eager would take
+    them; a change the compiled iteration cannot follow (train/eval, requires_grad, an
+    optimizer flag) makes the next step raise StateChanged naming it. A failed or
+    interrupted step leaves the model and optimizer at the last completed step, or, when it
+    failed after it began overwriting them, makes their state_dict() raise until a
+    checkpoint is loaded.
+    """
 
     def __init__(self, model: torch.nn.Module, loss_fn, optimizer: torch.optim.Optimizer, example_batch, *,
                  memory: str | MemorySystem = "cpu+file", budget: Any = None, formulation: str = "asynchronous",
@@ -82,6 +94,10 @@ class CompiledStep:
 
         self.model, self.optimizer = model, optimizer
         self.memory = None
+        self.session = None
+        self._closed = False
+        self._lost: str | None = None  # why the model's state is no step's state (a failed step)
+        self._hooks: list = []
         # the profile draws random operands and calibrates with a fixed seed: the caller's
         # RNG stream goes on after compile as if compile had not run
         with torch.random.fork_rng(devices=[]):
@@ -108,23 +124,172 @@ class CompiledStep:
                 self.plan = make_plan(self.graph, self.cost_model, budget, formulation, **plan_options)
                 finished("plan")
                 stage("session")
-                self.session = ExecutorSession(self.graph, self.plan, self.memory, model, optimizer)
+                self._open_session()
                 finished("session")
                 stage("done")
             except BaseException:
                 self.close()
                 raise
-        self._hook = model.register_state_dict_pre_hook(lambda *a, **k: self.sync())
+        self._group_params = [tuple(id(p) for p in g["params"]) for g in optimizer.param_groups]
+        self._modes = {name: m.training for name, m in model.named_modules()}
+        self._requires_grad = {name: p.requires_grad for name, p in model.named_parameters()}
+        self._steps_done = 0
+        self._synced = False  # the model holds copies of the slow values, current since the last step
+        self._model_loaded = False  # model.load_state_dict since the last step
+        self._hooks = [model.register_state_dict_pre_hook(lambda *a, **k: self._before_state_dict("model")),
+                       optimizer.register_state_dict_pre_hook(lambda *a: self._before_state_dict("optimizer")),
+                       model.register_load_state_dict_post_hook(lambda *a: self._loaded("model")),
+                       model.register_load_state_dict_pre_hook(lambda *a, **k: self.sync()),
+                       model.register_forward_pre_hook(lambda *a: self.sync()),
+                       optimizer.register_load_state_dict_post_hook(lambda *a: self._loaded("optimizer"))]
+        self._lost_for: set[str] = set()  # "model", "optimizer": whose state_dict() raises
         self._publish()
+
+    def _open_session(self) -> None:
+        self.session = ExecutorSession(self.graph, self.plan, self.memory, self.model, self.optimizer,
+                                       keep_state_on_failure=True)
 
     @property
     def predicted_seconds(self) -> float:
         return float(self.plan.meta["predicted_seconds"])
 
     def __call__(self, *batch) -> torch.Tensor:
-        r = self.session.step(tuple(batch))
+        if self._closed:
+            raise SessionFailed("this compiled step is closed; call autotm.compile again to train on")
+        if self._lost is not None:
+            raise SessionFailed(self._lost)
+        self._check_unchanged()
+        # hyperparameters are read at every step (a scheduler, a hand edit), as eager does
+        hypers = live_groups(self.optimizer, self.graph.program.lowering, self._group_params)
+        if self.session is None:  # the last step failed before it changed anything: go on from the model
+            self._open_session()
+            self._publish()
+        else:
+            self._take_edits()
+        self.session.set_hyperparameters(hypers)
+        try:
+            r = self.session.step(tuple(batch))
+        except BaseException:
+            self._failed()
+            raise
+        self._steps_done += 1
         self._publish()
+        self.optimizer._opt_called = True  # (how an lr_scheduler knows the optimizer stepped)
+        if self.session.interrupted:  # Ctrl-C once the update had begun: the step was finished first
+            raise KeyboardInterrupt
         return r.loss
+
+    # ---- what the user may have changed between steps ------------------------------------
+    def _check_unchanged(self) -> None:
+        """Refuse changes the compiled iteration cannot follow."""
+        for name, m in self.model.named_modules():
+            if name in self._modes and m.training != self._modes[name]:
+                mode = lambda t: "train" if t else "eval"  # noqa: E731
+                raise StateChanged(f"module {name or 'the model'} ({type(m).__name__}) is in {mode(m.training)} mode "
+                                   f"but was compiled in {mode(self._modes[name])} mode; a compiled step runs the mode "
+                                   "it was captured in: compile again after model.train()/model.eval()")
+        for name, p in self.model.named_parameters():
+            if name in self._requires_grad and p.requires_grad != self._requires_grad[name]:
+                raise StateChanged(f"parameter {name}: requires_grad changed to {p.requires_grad} since compile; "
+                                   "compile again after freezing or unfreezing parameters")
+
+    def _current(self, named: dict, key: str) -> torch.Tensor | None:
+        kind, rest = key.split(":", 1)
+        if kind in ("param", "buffer"):
+            return named[rest]
+        name, slot = rest.rsplit(":", 1)
+        return self.optimizer.state.get(named[name], {}).get(slot)
+
+    def _mark(self, named: dict, key: str) -> None:
+        """Remember the model's (or optimizer's) tensor for `key` as we left it."""
+        t = self._current(named, key)
+        if key.startswith("opt:"):
+            self._seen[key] = (t, None if t is None else t._version)
+        else:  # (holding the storage: its address cannot be another tensor's while we compare)
+            self._seen[key] = (t.untyped_storage(), t._version)
+
+    def _changed(self, named: dict, key: str) -> str | None:
+        """None, "replaced" (a new tensor: a complete value) or "edited" (in place)."""
+        t = self._current(named, key)
+        before, version = self._seen[key]
+        if key.startswith("opt:"):
+            if t is not before:
+                return "replaced"
+            return None if t is None or t._version == version else "edited"
+        if t.untyped_storage()._cdata != before._cdata:
+            return "replaced"
+        return None if t._version == version else "edited"
+
+    def _take_edits(self) -> None:
+        """Carry into the next step what the user wrote into the model or optimizer since the
+        last one: load_state_dict (either), replaced tensors, in-place edits. A value the plan
+        keeps in slow memory is taken from the model only if the model's copy was current when
+        it was edited (model.state_dict() or step.sync() since the last step), or was loaded or
+        replaced whole; an edit of a stale copy is refused."""
+        s, p = self.session, self.graph.program
+        named = self._named()
+        lowering = p.lowering
+        taken = False
+        tid_of = dict(p.input_keys)
+        for key in list(s.carried):
+            how = self._changed(named, key)
+            if how is None:
+                continue
+            v = s.carried[key]
+            slow = isinstance(v, SlowHandle)
+            t = self._current(named, key)
+            if t is None:  # optimizer state dropped (load_state_dict of a fresh optimizer): as torch.optim starts it
+                name, slot = key[len("opt:"):].rsplit(":", 1)
+                t = lowering.initial_state(p.param_groups[name], named[name], {})[slot]
+            what = key.split(":", 1)[1].replace(":", " ")
+            if slow and t.numel() == 0 and self.graph.tensors[tid_of[key]].nbytes > 0:
+                raise StateChanged(
+                    f"{what} was changed between steps, but the plan keeps it in slow memory and the model "
+                    "held no copy of it (an empty tensor): call step.sync() (or state_dict()) before reading "
+                    "or editing it")
+            ref = self.graph.tensors[tid_of[key]]
+            if tuple(t.shape) != ref.shape or str(t.dtype).replace("torch.", "") != ref.dtype:
+                raise StateChanged(f"{what} is {str(t.dtype).replace('torch.', '')}{list(t.shape)} now, "
+                                   f"{ref.dtype}{list(ref.shape)} when compiled; compile again")
+            if not slow and how == "edited":
+                continue  # (the model's tensor is the carried one: the edit is in it already)
+            value = t.detach().clone()  # (ours: the user's tensor may be shared, e.g. with another optimizer)
+            if slow:
+                s.carried[key] = self.memory.to_slow(tid_of[key], value)
+                self.memory.free_slow(v)
+            else:
+                s.carried[key] = value
+            taken = True
+        if taken:
+            s.refresh_steps()
+            self._publish()
+        self._model_loaded = False
+
+    def _loaded(self, who: str) -> None:
+        if who == "model":
+            self._model_loaded = True
+        self._lost_for.discard(who)
+
+    def _before_state_dict(self, who: str) -> None:
+        if who in self._lost_for:
+            raise SessionFailed(self._lost)
+        self.sync()
+
+    def _failed(self) -> None:
+        """After a step raised: the model and optimizer keep the last completed step's state
+        when the step had not yet overwritten any of it, else their state_dict() raises."""
+        s = self.session
+        if s.intact:
+            self.sync()  # (slow values; the fast ones are the model's already, as last published)
+            self._unarena()
+            s.close()
+            self.session = None
+            return
+        self._lost = (f"step {self._steps_done + 1} failed ({type(s.failed).__name__}) after it had begun "
+                      "updating the model in place: the model and optimizer hold no step's state; load a "
+                      "checkpoint into both (load_state_dict) and compile again")
+        self._lost_for = {"model", "optimizer"}
+        self.session = None
 
     def _named(self):
         named = dict(self.model.named_parameters())
@@ -146,32 +311,59 @@ class CompiledStep:
         for key, v in self.session.carried.items():
             if isinstance(v, torch.Tensor):
                 self._assign(named, key, v)
+            else:  # no stale copy in DRAM: a read of one fails loudly, sync() brings the value
+                self._stub(named, key)
+        self._synced = False
+        if not hasattr(self, "_seen"):
+            self._seen = {}
+        for key in self.session.carried:
+            self._mark(named, key)
+
+    def _stub(self, named: dict, key: str) -> None:
+        kind, rest = key.split(":", 1)
+        if kind in ("param", "buffer"):
+            named[rest].data = torch.empty(0, dtype=named[rest].dtype)
+        else:
+            name, slot = rest.rsplit(":", 1)
+            self.optimizer.state.get(named[name], {}).pop(slot, None)
 
     def sync(self) -> None:
-        """Copy values the plan keeps in slow memory into the model and optimizer."""
+        """Copy values the plan keeps in slow memory into the model and optimizer (once
+        between two steps: edits made since are kept)."""
+        if self.session is None or self._synced:
+            return
         named = self._named()
         for key, v in self.session.carried.items():
             if isinstance(v, SlowHandle):
                 self._assign(named, key, self.memory.to_fast(v))
+                self._mark(named, key)
+        self._synced = True
+
+    def _unarena(self) -> None:
+        """Give the model copies of its tensors in the executor's arena (which goes with it)."""
+        ex = self.session.executor
+        named = self._named()
+        for key in self.session.carried:
+            v = self._current(named, key)
+            if isinstance(v, torch.Tensor) and ex.in_arena(v):
+                # (a copy: the model outlives the executor's arena, which goes with its last tensor)
+                self._assign(named, key, v.clone())
 
     def report(self) -> RunReport:
         return self.session.report()
 
     def close(self) -> None:
         """Bring everything back to the model and release the slow tier."""
+        self._closed = True
         if getattr(self, "session", None) is not None:
             self.sync()
-            ex = self.session.executor
-            named = self._named()
-            for key, v in self.session.carried.items():
-                if isinstance(v, torch.Tensor) and ex.in_arena(v):
-                    # (a copy: the model outlives the executor's arena, which goes with its last tensor)
-                    self._assign(named, key, v.clone())
+            self._unarena()
             self.session.close()
             self.session = None
-        if getattr(self, "_hook", None) is not None:
-            self._hook.remove()
-            self._hook = None
+        if not getattr(self, "_lost_for", None):
+            for h in getattr(self, "_hooks", []):
+                h.remove()
+            self._hooks = []
         if self._owned and self.memory is not None:
             self.memory.close()
             self.memory = None

@@ -24,7 +24,7 @@ from torch import nn
 
 from .errors import CaptureError
 from .graph import Kernel, Role, Tensor, TrainingGraph, check
-from .optim_lowering import OptimizerLowering, lower_optimizer
+from .optim_lowering import OptimizerLowering, derived, lower_optimizer, used_names
 
 # Ops that return an alias of an input although their schema does not say so.
 _ALIASING_OPS = {torch.ops.aten._unsafe_view.default, torch.ops.aten.alias.default}
@@ -50,6 +50,9 @@ class Program:
     param_names: list[str]
     buffer_names: list[str]
     batch_size: int = 0
+    # kernel arguments that hold a hyperparameter-derived number (optim_lowering.derived):
+    # (kernel index, argument position or keyword, param group, derived name)
+    hyper_args: list[tuple[int, int | str, int, str]] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)
 
 
@@ -328,6 +331,9 @@ def capture(
     n_p, n_b = len(sig_params), len(sig_buffers)
     param_at = {n: i for i, n in enumerate(sig_params)}
     buffer_at = {b: i for i, b in enumerate(sig_buffers)}
+    # traced with odd stand-in hyperparameters, so that the kernel arguments derived from
+    # them can be found (and rebound at every step when the optimizer's values change)
+    traced = lowering.with_sentinels()
 
     def iteration(*flat):
         params = flat[:n_p]
@@ -352,7 +358,7 @@ def capture(
         new_params, new_states = [], []
         for n in trainable:
             gi = param_groups[n]
-            np_, ns = lowering.update(gi, params[param_at[n]], grads[n], states[n], scalars[gi])
+            np_, ns = traced.update(gi, params[param_at[n]], grads[n], states[n], scalars[gi])
             new_params.append(np_)
             new_states.append([ns[s] for s in slots[n]])
         flat_states = [t for st in new_states for t in st]
@@ -390,13 +396,51 @@ def capture(
     grad_nodes = {n: flat_out[cursor + i] for i, n in enumerate(trainable)}
     out_node.args = (tuple(out_key_nodes.values()),)
     gm.graph.eliminate_dead_code()
+    hyper_nodes = _bind_hyperparameters(gm, traced, lowering, {param_groups[n] for n in sig_params})
     gm.recompile()
 
     graph = _build(gm, input_keys, out_key_nodes, grad_nodes, lowering, param_groups, sig_params, sig_buffers,
                    name=name, fake=fake, t0=t0, batch_size=int(batch[0].shape[0]) if batch[0].dim() else 0,
                    parameters=sum(state_model[n].numel() for n in sig_params))
+    index = {node: k for k, node in enumerate(graph.program.kernel_nodes)}
+    graph.program.hyper_args = [(index[node], where, gi, nm) for node, where, gi, nm in hyper_nodes]
     check(graph)
     return graph
+
+
+def _bind_hyperparameters(gm: fx.GraphModule, traced: OptimizerLowering, lowering: OptimizerLowering,
+                          groups_used: set[int]) -> list[tuple[fx.Node, int | str, int, str]]:
+    """Find the kernel arguments that hold a number derived from `traced`'s stand-in
+    hyperparameters, put the real ones (`lowering`'s) there, and return where they are:
+    (node, argument position or keyword, group, derived name)."""
+    by_value: dict[float, tuple[int, str]] = {}
+    for gi in groups_used:
+        d = derived(traced.groups[gi])
+        for nm in used_names(traced.kind, traced.groups[gi]):
+            if d[nm] in by_value:
+                raise CaptureError(f"optimizer hyperparameters: stand-in values collide ({nm} of group {gi})")
+            by_value[d[nm]] = (gi, nm)
+    found: list[tuple[fx.Node, int | str, int, str]] = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        places = [(i, a) for i, a in enumerate(node.args)] + list(node.kwargs.items())
+        for where, a in places:
+            if type(a) is float and a in by_value:
+                gi, nm = by_value[a]
+                found.append((node, where, gi, nm))
+    seen = {(gi, nm) for _, _, gi, nm in found}
+    missing = sorted(set(by_value.values()) - seen)
+    if missing:  # the trace transformed a value: rebinding could not follow it
+        gi, nm = missing[0]
+        raise CaptureError(f"optimizer hyperparameter {nm} of param group {gi} was not found in the traced update")
+    for node, where, gi, nm in found:
+        value = derived(lowering.groups[gi])[nm]
+        if isinstance(where, int):
+            node.update_arg(where, value)
+        else:
+            node.update_kwarg(where, value)
+    return found
 
 
 def _as_fake_like(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

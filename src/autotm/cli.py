@@ -110,6 +110,13 @@ def profile(
 
 
 def _plan_options(window, time_limit, mip_gap, pin_params):
+    """The planner's options, refused before any work when out of range."""
+    if window < 0:
+        raise ValueError(f"--window must be 0 or more, not {window}")
+    if not time_limit > 0:
+        raise ValueError(f"--time-limit must be a positive number of seconds, not {time_limit}")
+    if not 0 <= mip_gap < 1:
+        raise ValueError(f"--mip-gap must be at least 0 and below 1, not {mip_gap}")
     return dict(window=window, time_limit=time_limit, mip_gap=mip_gap, pin_params=pin_params)
 
 
@@ -129,6 +136,11 @@ def _prepare(model, preset, batch, image, memory, cache, budget=None, formulatio
     def check(graph) -> None:  # an infeasible budget fails after the capture, not after the profile
         if not pin_params:
             check_before_profile(graph, budget, formulation, _access(memory))
+
+    if not memory.startswith("sim:"):
+        from .tiers import make_memory_system
+
+        make_memory_system(memory).close()  # (it exists, its slow directory is writable: before the capture)
     with console.status(f"capturing and profiling {w.name} on {memory} ...", spinner="dots"):
         graph, cm, _ = profile_workload(w, memory, cache, before_profile=check)
     return w, graph, cm
@@ -197,9 +209,10 @@ def plan(
     from .planner import plan as make_plan
 
     _check_budget(budget, formulation)
+    options = _plan_options(window, time_limit, mip_gap, pin_params)
     w, graph, cm = _prepare(model, preset, batch, image, memory, cache, budget, formulation, pin_params)
     with console.status(f"planning ({formulation}) ...", spinner="dots") if not as_json else _null():
-        p = make_plan(graph, cm, budget, formulation, **_plan_options(window, time_limit, mip_gap, pin_params))
+        p = make_plan(graph, cm, budget, formulation, **options)
     if output:
         p.save(output)
     s = _plan_summary(p)
@@ -255,8 +268,9 @@ def run(
     _check_budget(budget, formulation)
     if iterations < 1:
         raise ValueError("--iterations must be at least 1")
+    options = _plan_options(window, time_limit, mip_gap, pin_params)
     w, graph, cm = _prepare(model, preset, batch, image, memory, cache, budget, formulation, pin_params)
-    p = make_plan(graph, cm, budget, formulation, **_plan_options(window, time_limit, mip_gap, pin_params))
+    p = make_plan(graph, cm, budget, formulation, **options)
     _warn(p)
     with make_memory_system(memory) as ms:
         with console.status(f"running {iterations} iterations ...", spinner="dots") if not as_json else _null():
@@ -277,6 +291,8 @@ def run(
             t.add_row("bit-identical to eager", "[green]yes[/green]" if r.identical else f"[red]NO[/red] {r.mismatches[:2]}")
         console.print(t)
     if verify and not r.identical:
+        err_console.print(f"[red]error:[/red] the run is not bit-identical to eager PyTorch: {r.mismatches[:2]}",
+                          highlight=False, soft_wrap=True)
         raise typer.Exit(1)
 
 
@@ -291,6 +307,8 @@ def demo(
 
     ok = run_demo(console, model=model, budget=budget, out=out)
     if not ok:
+        err_console.print("[red]error:[/red] the demo failed: a plan's run is not bit-identical to eager PyTorch "
+                          "(the table's exact column)", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
 
 
@@ -324,7 +342,11 @@ def main() -> None:
 
     warnings.showwarning = _show_warning
     try:
-        app(standalone_mode=False)
+        # (without standalone mode click returns a typer.Exit's code instead of exiting)
+        code = app(standalone_mode=False)
+        if code == 130:  # (typer turns a Ctrl-C into this code, silently)
+            err_console.print("interrupted (Ctrl-C)", highlight=False)
+        sys.exit(code if isinstance(code, int) else 0)
     except (AutotmError, ValueError) as e:
         if _Options.debug:
             raise
@@ -333,14 +355,15 @@ def main() -> None:
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
-        err_console.print("interrupted")
+        err_console.print("interrupted (Ctrl-C)", highlight=False)
         sys.exit(130)
     except Exception as e:
         # usage errors of the click that typer bundles: show them the usual way
         if hasattr(e, "show") and hasattr(e, "exit_code"):
             e.show()
             sys.exit(e.exit_code)
-        if type(e).__name__ == "Abort":
+        if type(e).__name__ == "Abort":  # (click's form of a Ctrl-C)
+            err_console.print("interrupted (Ctrl-C)", highlight=False)
             sys.exit(130)
         raise
 

@@ -31,3 +31,8 @@ class InfeasibleBudget(AutotmError, ValueError):
                 "workspaces may add to it; --budget min plans at it)")
         super().__init__(f"no {of}plan fits a fast budget of {self.budget:,} bytes: {where} needs at least "
                          f"{self.minimum:,} bytes ({self.minimum / 2**20:.1f} MiB) in fast memory at once; {tail}")
+
+
+class StateChanged(AutotmError):
+    """Training state was changed between compiled steps in a way the compiled step cannot
+    follow exactly (names what changed: a hyperparameter, a parameter, the mode)."""

@@ -47,6 +47,7 @@ given back with the heap's.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import threading
@@ -57,8 +58,9 @@ from typing import Iterable, Mapping
 import numpy as np
 import torch
 
-from .errors import AutotmError, ReplayError
+from .errors import AutotmError, ReplayError, StateChanged
 from .graph import TrainingGraph
+from .optim_lowering import GroupHyper, derived
 from .plan import Action, Plan, check_plan_matches
 from .replay import Replay, StepResult, TrainingState, check_batch
 from .planner.arena import LARGE_BLOCK_BYTES, TEMPORARY_MIN_BYTES
@@ -329,6 +331,16 @@ class Executor(Replay):
             for a in tp.actions:
                 if a.kind == "prefetch":
                     self.incoming[a.at] += self.nbytes[tp.id]
+        # the first kernel after which a carried value the caller holds in fast memory may
+        # have been overwritten (its last use: updated in place, or its bytes reused); a
+        # failure before it leaves the caller's state as the last iteration left it
+        fast_carried = [tid for key, tid in self.program.input_keys
+                        if key.split(":")[0] in ("param", "buffer", "opt") and self.initial.get(tid) == "fast"]
+        # (or its first move: an evicted or dropped one's bytes in the arena go to other tensors)
+        moved = {tp.id: min((a.at for a in tp.actions), default=n) for tp in plan.tensors}
+        self.first_overwrite = min((min(graph.tensors[tid].live[1], moved.get(tid, n)) for tid in fast_carried),
+                                   default=n)
+        self.at_kernel = -1  # the kernel the current iteration has reached (-1: none yet)
         self._borrowed: set[int] = set()  # slow inputs the caller owns (never freed here)
         self.arena: cpu_arena.CpuArena | None = None
         self._arena_bytes = 0  # > 0: the layout is followed (the arena is mapped on first use)
@@ -499,6 +511,13 @@ class Executor(Replay):
                 inplace = r[5]
             out.append(_CompiledKernel(node.target, *builders[k], outputs, reuse, tuple(p.free_after[k]), inplace))
         return out
+
+    def rebuild_operands(self, kernels) -> None:
+        kernels = list(kernels)
+        super().rebuild_operands(kernels)
+        builders = self.operand_builders()
+        for k in kernels:
+            self.kernels[k] = dataclasses.replace(self.kernels[k], args=builders[k][0], kwargs=builders[k][1])
 
     # ---- accounting -------------------------------------------------------------------
     def _reset_iteration(self):
@@ -752,14 +771,22 @@ class Executor(Replay):
                 else:
                     self._hold_fast(tid, v if self.device is None else v.to(self.device), 0)
 
-    def run_iteration(self, inputs: Mapping[int, torch.Tensor | SlowHandle], keep: Iterable[int] = ()) -> dict:
+    def run_iteration(self, inputs: Mapping[int, torch.Tensor | SlowHandle], keep: Iterable[int] = (),
+                      ctrl_c: "_CtrlCBetweenKernels | None" = None) -> dict:
         """One iteration. Returns the graph outputs: fast tensors, or SlowHandles for those
         whose matching input starts slow (carried there after the last kernel).
 
         On any exception (KeyboardInterrupt included) every move in flight is waited for and
         every slow copy the iteration made is freed before the exception propagates; graph
         inputs may have been partly overwritten (in-place updates), so they are no longer
-        a consistent state."""
+        a consistent state (unless `at_kernel < first_overwrite`).
+
+        `ctrl_c`: the caller's Ctrl-C guard (entered by the caller); with its `finish_from`
+        set, a Ctrl-C at or after that kernel lets the iteration finish (the caller raises)."""
+        self.at_kernel = -1
+        own_guard = ctrl_c is None
+        guard = _CtrlCBetweenKernels() if own_guard else contextlib.nullcontext(ctrl_c)
+        finish_from = ctrl_c.finish_from if ctrl_c is not None and ctrl_c.finish_from is not None else None
         self._reset_iteration()
         self.env.clear()
         self._borrowed = set()
@@ -790,7 +817,9 @@ class Executor(Replay):
         pool_trimmed0 = self._pool_trimmed
         # (with an arena, the large allocations that miss it go to the pool: cpu_arena.cpp)
         serving = self.pool.as_pool(LARGE_BLOCK_BYTES) if self.pool is not None else contextlib.nullcontext()
-        with _CtrlCBetweenKernels() as ctrl_c, serving:
+        if finish_from is None:
+            finish_from = n + 1  # (never: an interrupted iteration stops before its next kernel)
+        with guard as ctrl_c, serving:
             try:
                 self.place_inputs(inputs)
                 if arena_on and isinstance(inputs, dict):
@@ -802,8 +831,9 @@ class Executor(Replay):
                         floor = rss() - self.fast_bytes
                     rss_bound = floor + self.budget + RSS_SLACK_BYTES
                 for k in range(n):
-                    if ctrl_c.hit:
+                    if ctrl_c.hit and k < finish_from:
                         raise KeyboardInterrupt
+                    self.at_kernel = k
                     # (with an arena, kernels' temporaries and misplaced outputs grow the heap:
                     # look before every kernel)
                     if rss is not None and (incoming[k] or arena_on) and rss() + incoming[k] > rss_bound:
@@ -858,7 +888,7 @@ class Executor(Replay):
                                              outputs_copied_bytes=self.arena_settled_bytes,
                                              large_outputs_bytes=self.arena_large_bytes[0],
                                              large_outputs_in_arena_bytes=self.arena_large_bytes[1])
-                if ctrl_c.hit:
+                if ctrl_c.hit and finish_from > n:
                     raise KeyboardInterrupt
             except BaseException:
                 # slow copies handed out as carried outputs belong to the caller only on success
@@ -866,7 +896,7 @@ class Executor(Replay):
                 raise
             finally:
                 self._finish_iteration()
-            if ctrl_c.hit:  # during the cleanup: nothing of the iteration goes to the caller
+            if ctrl_c.hit and finish_from > n:  # during the cleanup: nothing of the iteration goes to the caller
                 for v in out.values():
                     if isinstance(v, SlowHandle):
                         self.memory.free_slow(v)
@@ -914,9 +944,10 @@ class _CtrlCBetweenKernels:
     waited for forever, or a slow extent nobody freed. A second Ctrl-C interrupts at once.
     Only on the main thread, and only over Python's default handler."""
 
-    def __init__(self) -> None:
+    def __init__(self, finish_from: int | None = None) -> None:
         self.hit = False
         self._old = None
+        self.finish_from = finish_from  # see Executor.run_iteration
 
     def __enter__(self) -> "_CtrlCBetweenKernels":
         if (threading.current_thread() is threading.main_thread()
@@ -953,11 +984,20 @@ class ExecutorSession:
 
     def __init__(self, graph: TrainingGraph, plan: Plan, memory: MemorySystem, model: torch.nn.Module,
                  optimizer: torch.optim.Optimizer, *, budget_bytes: int | None = None,
-                 trim_memory: bool | None = None, sample_rss: bool = False, use_arena: bool = True):
+                 trim_memory: bool | None = None, sample_rss: bool = False, use_arena: bool = True,
+                 keep_state_on_failure: bool = False):
         self.graph = graph
         self.memory = memory
         self.carried: dict[str, torch.Tensor | SlowHandle] = {}
         self.failed: BaseException | None = None
+        # keep_state_on_failure: a step that fails before it overwrote any carried value
+        # keeps the carried state (`intact`: the caller reads it, then closes the session),
+        # and a Ctrl-C after that point lets the iteration finish (`interrupted` then says
+        # so: the caller raises KeyboardInterrupt once it has taken the new state)
+        self.keep_state_on_failure = keep_state_on_failure
+        self._bound_hypers = None  # what set_hyperparameters last bound
+        self.intact = False
+        self.interrupted = False
         self.closed = False
         self.sample_rss = sample_rss
         self.baseline_rss_bytes = rss_bytes()
@@ -992,6 +1032,16 @@ class ExecutorSession:
 
     def step(self, batch, *, keep_gradients: bool = False) -> StepResult:
         self._check_usable()
+        if not self.keep_state_on_failure:
+            return self._step(batch, keep_gradients, None)
+        self.interrupted = False
+        with _CtrlCBetweenKernels(finish_from=self.executor.first_overwrite) as ctrl_c:
+            r = self._step(batch, keep_gradients, ctrl_c)
+        self.interrupted = ctrl_c.hit
+        return r
+
+    def _step(self, batch, keep_gradients: bool, ctrl_c) -> StepResult:
+        self.executor.at_kernel = -1
         batch = check_batch(self.graph, batch)
         p = self.graph.program
         inputs = self.state.inputs(batch, values=self.carried)
@@ -1004,10 +1054,10 @@ class ExecutorSession:
             t0 = time.perf_counter()
             if self.sample_rss:
                 with RssSampler() as rs:
-                    out = self.executor.run_iteration(inputs, keep=keep)
+                    out = self.executor.run_iteration(inputs, keep=keep, ctrl_c=ctrl_c)
                 self.peak_rss_bytes = max(self.peak_rss_bytes, rs.peak)
             else:
-                out = self.executor.run_iteration(inputs, keep=keep)
+                out = self.executor.run_iteration(inputs, keep=keep, ctrl_c=ctrl_c)
             self.memory.synchronize()  # a GPU runs kernels asynchronously: stop the clock when done
             seconds = time.perf_counter() - t0 - self.executor.inspection_seconds
             del inputs
@@ -1016,16 +1066,33 @@ class ExecutorSession:
                 for n, tid in p.gradient_of.items():
                     shape, stride, offset = p.gradient_view[n]
                     grads[n] = out[tid].as_strided(shape, stride, offset)
-            for key, tid in p.output_keys.items():
-                if key != "loss":
-                    old, new = self.carried.get(key), out[tid]
-                    self.carried[key] = new
-                    if isinstance(old, SlowHandle) and old is not new:
-                        self.memory.free_slow(old)
             loss = out[p.output_keys["loss"]]
             loss_value = float(loss)
+            carried = dict(self.carried)
+            for key, tid in p.output_keys.items():
+                if key != "loss":
+                    carried[key] = out[tid]
+            # (one assignment: the carried state is the last iteration's or this one's)
+            old, self.carried = self.carried, carried
+            self.executor.at_kernel = len(self.graph.kernels)  # done: the old state is gone
+            for gi in self.state.steps:
+                self.state.steps[gi] += 1
+            for v in old.values():
+                if isinstance(v, SlowHandle) and all(v is not w for w in carried.values()):
+                    self.memory.free_slow(v)
         except BaseException as e:
             self.failed = e
+            if self.keep_state_on_failure and self.executor.at_kernel < self.executor.first_overwrite:
+                # nothing carried was overwritten: the state is the last iteration's
+                self.intact = True
+                carried = {id(v) for v in self.carried.values()}
+                for v in (locals().get("out") or {}).values():
+                    if isinstance(v, SlowHandle) and id(v) not in carried:
+                        try:
+                            self.memory.free_slow(v)
+                        except Exception:
+                            pass
+                raise
             # (interrupted after the iteration: its slow outputs not yet carried are ours)
             carried = {id(v) for v in self.carried.values()}
             for v in (locals().get("out") or {}).values():
@@ -1040,10 +1107,45 @@ class ExecutorSession:
         self.kernel_seconds.append(self.executor.kernel_times.copy())
         self.operand_seconds.append(self.executor.operand_times.copy())
         self.peak_fast_bytes = max(self.peak_fast_bytes, self.executor.peak_fast)
-        for gi in self.state.steps:
-            self.state.steps[gi] += 1
         self.losses.append(loss_value)
         return StepResult(loss=loss, gradients=grads)
+
+    def set_hyperparameters(self, hypers: tuple[GroupHyper, ...]) -> None:
+        """Train the next iterations with these hyperparameters (optim_lowering.live_groups:
+        the same graph, other numbers): the kernel arguments derived from them are rebound,
+        and Adam's per-step scalars follow."""
+        self._check_usable()
+        if hypers == self._bound_hypers:
+            return
+        p = self.graph.program
+        values = [derived(h) for h in hypers]
+        changed = set()
+        for k, where, gi, nm in p.hyper_args:
+            node, v = p.kernel_nodes[k], values[gi][nm]
+            now = node.args[where] if isinstance(where, int) else node.kwargs[where]
+            if repr(now) != repr(v):  # (-0.0 is not 0.0 here)
+                if isinstance(where, int):
+                    node.update_arg(where, v)
+                else:
+                    node.update_kwarg(where, v)
+                changed.add(k)
+        self.executor.rebuild_operands(changed)
+        self.state.hypers = self._bound_hypers = tuple(hypers)
+
+    def refresh_steps(self) -> None:
+        """Read each group's step count from the carried state again (Adam's `step` was
+        replaced between steps: optimizer.load_state_dict)."""
+        p = self.graph.program
+        for gi in self.state.steps:
+            steps = set()
+            for n in p.param_names:
+                v = self.carried.get(f"opt:{n}:step")
+                if p.param_groups[n] == gi and v is not None:
+                    steps.add(float(self.memory.to_fast(v) if isinstance(v, SlowHandle) else v))
+            if len(steps) > 1:
+                raise StateChanged(f"parameters of optimizer group {gi} are at different step counts {sorted(steps)}")
+            if steps:
+                self.state.steps[gi] = steps.pop()
 
     def write_back(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self._check_usable()

@@ -169,6 +169,8 @@ class Plan:
             text = Path(path).read_text()
         except OSError as e:
             raise PlanError(f"cannot read plan file {path}: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise PlanError(f"plan file {path} is not UTF-8 text (byte {e.start}): not a plan") from None
         return cls.from_json(text, source=f"plan file {path}")
 
     @classmethod

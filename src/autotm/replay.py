@@ -255,6 +255,15 @@ class Replay:
             self._builders = [(b.args(n.args), b.kwargs(n.kwargs)) for n in self.program.kernel_nodes]
         return self._builders
 
+    def rebuild_operands(self, kernels: Iterable[int]) -> None:
+        """Build these kernels' argument builders again from their nodes (whose constant
+        arguments changed: a rebound hyperparameter)."""
+        builders = self.operand_builders()
+        b = OperandBuilder(self.program, self.env, self.storage_value, self.device)
+        for k in kernels:
+            n = self.program.kernel_nodes[k]
+            builders[k] = (b.args(n.args), b.kwargs(n.kwargs))
+
     def operands(self, k: int) -> tuple[list | tuple, dict]:
         """Kernel k's args and kwargs, its tensor operands materialized (views re-derived
         from their storages' current values)."""
@@ -349,6 +358,7 @@ class TrainingState:
             for s in p.lowering.state_slots(gi):
                 self.values[f"opt:{n}:{s}"] = st[s].detach().clone()
         self.steps = {gi: self._step_of(gi) for gi in range(len(p.lowering.groups))}
+        self.hypers = p.lowering.groups  # the hyperparameters this iteration's scalars use
 
     def _step_of(self, gi: int) -> float:
         p = self.graph.program
@@ -365,7 +375,7 @@ class TrainingState:
         p = self.graph.program
         scalars = {}
         for gi in range(len(p.lowering.groups)):
-            for s, v in p.lowering.scalars(gi, self.steps[gi] + 1).items():
+            for s, v in p.lowering.scalars(gi, self.steps[gi] + 1, self.hypers[gi]).items():
                 scalars[f"scalar:{gi}:{s}"] = v
         out = {}
         for key, tid in p.input_keys:
