@@ -21,7 +21,7 @@ from .errors import StateChanged
 from .executor import ExecutorSession, RunReport, SessionFailed
 from .optim_lowering import live_groups
 from .planner import plan as make_plan
-from .replay import TrainingState
+from .replay import TrainingState, check_batch
 from .tiers.base import MemorySystem, SlowHandle, make_memory_system
 
 
@@ -159,6 +159,7 @@ class CompiledStep:
         if self._lost is not None:
             raise SessionFailed(self._lost)
         self._check_unchanged()
+        batch = check_batch(self.graph, tuple(batch))  # a refused batch leaves the session as it was
         # hyperparameters are read at every step (a scheduler, a hand edit), as eager does
         hypers = live_groups(self.optimizer, self.graph.program.lowering, self._group_params)
         if self.session is None:  # the last step failed before it changed anything: go on from the model

@@ -396,7 +396,7 @@ def capture(
     grad_nodes = {n: flat_out[cursor + i] for i, n in enumerate(trainable)}
     out_node.args = (tuple(out_key_nodes.values()),)
     gm.graph.eliminate_dead_code()
-    hyper_nodes = _bind_hyperparameters(gm, traced, lowering, {param_groups[n] for n in sig_params})
+    hyper_nodes = _bind_hyperparameters(gm, traced, lowering, {param_groups[n] for n in trainable})
     gm.recompile()
 
     graph = _build(gm, input_keys, out_key_nodes, grad_nodes, lowering, param_groups, sig_params, sig_buffers,
