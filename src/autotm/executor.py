@@ -1082,18 +1082,7 @@ class ExecutorSession:
                     self.memory.free_slow(v)
         except BaseException as e:
             self.failed = e
-            if self.keep_state_on_failure and self.executor.at_kernel < self.executor.first_overwrite:
-                # nothing carried was overwritten: the state is the last iteration's
-                self.intact = True
-                carried = {id(v) for v in self.carried.values()}
-                for v in (locals().get("out") or {}).values():
-                    if isinstance(v, SlowHandle) and id(v) not in carried:
-                        try:
-                            self.memory.free_slow(v)
-                        except Exception:
-                            pass
-                raise
-            # (interrupted after the iteration: its slow outputs not yet carried are ours)
+            # the iteration's slow outputs not yet carried are ours to give back, either way
             carried = {id(v) for v in self.carried.values()}
             for v in (locals().get("out") or {}).values():
                 if isinstance(v, SlowHandle) and id(v) not in carried:
@@ -1101,6 +1090,9 @@ class ExecutorSession:
                         self.memory.free_slow(v)
                     except Exception:
                         pass
+            if self.keep_state_on_failure and self.executor.at_kernel < self.executor.first_overwrite:
+                self.intact = True  # nothing carried was overwritten: the state is the last iteration's
+                raise
             self.close()
             raise
         self.iteration_seconds.append(seconds)
