@@ -57,12 +57,12 @@ def glibc_heap() -> dict | None:
 
 
 def one(model: str, session: str, preset: str, iterations: int, cache: str) -> dict:
-    from autotm.executor import ExecutorSession
-    from autotm.plan import all_fast_plan
+    from autotm.runtime.executor import ExecutorSession
+    from autotm.ir.plan import all_fast_plan
     from autotm.planner import laid_out
-    from autotm.profile import profile_workload
+    from autotm.profile.profiler import profile_workload
     from autotm.tiers import make_memory_system
-    from autotm.validate import validate
+    from autotm.checks.validate import validate
     from autotm.zoo import workload
 
     w = workload(model, preset)

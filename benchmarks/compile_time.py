@@ -163,7 +163,7 @@ def main() -> None:
     if a.child:
         child(a)
         return
-    from autotm.profile_cache import ProfileCache
+    from autotm.profile.cache import ProfileCache
 
     common = ["--preset", a.preset, "--budget", a.budget, "--formulation", a.formulation, "--memory", a.memory]
     if a.time_limit is not None:

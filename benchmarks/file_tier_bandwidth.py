@@ -54,7 +54,7 @@ import time
 
 import torch
 
-from autotm.executor import keep_freed_memory
+from autotm.runtime.executor import keep_freed_memory
 from autotm.tiers.base import PAGE, IOWorker
 from autotm.tiers.file_tier import FileMemorySystem
 

@@ -75,9 +75,9 @@ class Check:
     # ------------------------------------------------------------------------ one workload
     def workload(self, w) -> None:
         from autotm.planner import InfeasibleBudget, plan
-        from autotm.profile import profile_workload
+        from autotm.profile.profiler import profile_workload
         from autotm.tiers import make_memory_system
-        from autotm.verify import eager_reference
+        from autotm.runtime.verify import eager_reference
 
         a = self.args
         base = {"workload": w.name, "model": w.model, "batch": w.batch, "image": w.image,
@@ -150,7 +150,7 @@ class Check:
         return out
 
     def save_on_cpu(self, w) -> dict:
-        from autotm.gpu_baselines import run_save_on_cpu
+        from autotm.runtime.gpu_baselines import run_save_on_cpu
 
         d = run_save_on_cpu(w, iterations=self.args.iterations, verify=bool(self.args.verify_iterations))
         d["verification"] = None if d["identical"] is None else (
@@ -236,7 +236,7 @@ def to_record(rec: dict):
     """An autotm.results.Record of one run (how it compared with eager goes to `message`)."""
     import datetime
 
-    from autotm.results import Record
+    from autotm.experiments.results import Record
 
     budget = rec.get("budget")
     status = rec.get("status", "ok")
@@ -259,8 +259,8 @@ def to_record(rec: dict):
 
 def all_fast(graph, cm):
     """The all-fast plan (no budget, no moves), with its predicted time."""
-    from autotm.plan import all_fast_plan
-    from autotm.simulate import simulate
+    from autotm.ir.plan import all_fast_plan
+    from autotm.checks.simulate import simulate
 
     p = all_fast_plan(graph, memory_system=cm.memory_system, access=cm.access)
     p.meta["predicted_seconds"] = simulate(p, graph, cm).predicted_seconds
@@ -319,9 +319,9 @@ def main(argv=None) -> int:
     print(table, flush=True)
     (check.out / "table.txt").write_text(table + "\n")
     figures = []
-    try:  # the project's Figure 12 from autotm.results records
-        from autotm.plots import gpu as plot_gpu
-        from autotm.results import ResultsStore
+    try:  # the project's Figure 12 from autotm.experiments.results records
+        from autotm.experiments.plots import gpu as plot_gpu
+        from autotm.experiments.results import ResultsStore
 
         records = [to_record(r) for r in check.records if r.get("formulation") != "profile"]
         store = ResultsStore(check.out / "gpu.jsonl")

@@ -51,16 +51,16 @@ import torch
 
 from _child import emit, run_child
 
-from autotm.costmodel import CostModel
-from autotm.executor import ExecutorSession
-from autotm.pace import pace_probe_seconds
-from autotm.plan import all_fast_plan, evict_all_activations_plan
+from autotm.ir.costmodel import CostModel
+from autotm.runtime.executor import ExecutorSession
+from autotm.profile.pace import pace_probe_seconds
+from autotm.ir.plan import all_fast_plan, evict_all_activations_plan
 from autotm.planner import laid_out
-from autotm.profile import capture_real, profile
-from autotm.replay import TrainingState
-from autotm.simulate import simulate
+from autotm.profile.profiler import capture_real, profile
+from autotm.interpret.replay import TrainingState
+from autotm.checks.simulate import simulate
 from autotm.tiers import make_memory_system
-from autotm.validate import validate
+from autotm.checks.validate import validate
 from autotm.zoo import workload
 
 DEFAULT_CASES = "test:resnet50,test:vgg19,test:densenet264,test:inception_v4,cpu:resnet50"

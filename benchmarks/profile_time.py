@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from autotm.profile import capture_real, profile
+from autotm.profile.profiler import capture_real, profile
 from autotm.zoo import workload
 
 

@@ -62,13 +62,13 @@ def measure(case: str, iterations: int = 3) -> dict:
     """Run one case in this process (call it in a fresh one)."""
     import torch  # noqa: F401
 
-    from autotm.capture import capture
-    from autotm.executor import ExecutorSession, rss_bytes, trim_heap
-    from autotm.plan import all_fast_plan, evict_all_activations_plan
+    from autotm.frontend.capture import capture
+    from autotm.runtime.executor import ExecutorSession, rss_bytes, trim_heap
+    from autotm.ir.plan import all_fast_plan, evict_all_activations_plan
     from autotm.planner import large_block_alignment
     from autotm.planner.arena import with_arena
     from autotm.tiers import make_memory_system
-    from autotm.validate import validate
+    from autotm.checks.validate import validate
 
     w, plan_name = parse_case(case)
     model = w.build_model(seed=0)

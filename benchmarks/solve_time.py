@@ -44,9 +44,9 @@ import time
 
 from autotm.planner import _best_baseline, plan
 from autotm.planner.ilp import solve_staged
-from autotm.profile import profile
-from autotm.simulate import simulate
-from autotm.workloads import capture_workload
+from autotm.profile.profiler import profile
+from autotm.checks.simulate import simulate
+from autotm.frontend.workloads import capture_workload
 from autotm.zoo import workload
 
 
@@ -90,7 +90,7 @@ def main() -> None:
 
 
 def window_study(args, windows: list[int]) -> None:
-    from autotm.budget import parse_budget
+    from autotm.ir.budget import parse_budget
 
     ref_w = 15 if 15 in windows else windows[-1]
     print(f"{'network':<36} {'window':>6} {'vars':>7} {'rows':>7} {'solve s':>7} {'gap %':>6} {'pred s':>9} "

@@ -1,6 +1,6 @@
 """Hand-built TrainingGraphs for tests of the planner, validator and simulator."""
 
-from autotm.graph import Kernel, Role, Tensor, TrainingGraph, check
+from autotm.ir.graph import Kernel, Role, Tensor, TrainingGraph, check
 
 
 def make_graph(sizes, kernels, *, names=None, roles=None, ops=None, outputs=(), name="g", program=None) -> TrainingGraph:

@@ -7,12 +7,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autotm.graph import Role
-from autotm.plan import Plan, PlanError, evict_all_activations_plan
+from autotm.ir.graph import Role
+from autotm.ir.plan import Plan, PlanError, evict_all_activations_plan
 from autotm.planner import defrag_cut, plan
 from autotm.planner.arena import ALIGNMENT, assign_offsets, with_arena
 from autotm.planner.baselines import lru_plan
-from autotm.validate import FastBlock, validate
+from autotm.checks.validate import FastBlock, validate
 from graphs import make_graph
 from test_planner import chain_with_one_big_activation, cost_model
 
@@ -262,7 +262,7 @@ def test_shared_blocks_get_one_offset_and_nothing_else_collides(raw, pairs):
 
 
 def test_an_output_may_be_written_over_an_input_that_dies_at_its_kernel():
-    from autotm.plan import all_fast_plan
+    from autotm.ir.plan import all_fast_plan
 
     # k1 reads t0 for the last time and makes t1 of the same size (an in-place update)
     g = make_graph([4096, 4096, 64], [([], [0]), ([0], [1]), ([1], [2])], outputs=(2,), roles={2: Role.OUTPUT})

@@ -7,12 +7,12 @@ import sys
 
 import pytest
 
-from autotm import bench
-from autotm.bench import SweepOptions, kernel_io, move_stats, run_cells
+from autotm.experiments import bench
+from autotm.experiments.bench import SweepOptions, kernel_io, move_stats, run_cells
 from autotm.planner import plan as make_plan
-from autotm.profile import profile_workload
-from autotm.results import Record, ResultsStore
-from autotm.validate import validate
+from autotm.profile.profiler import profile_workload
+from autotm.experiments.results import Record, ResultsStore
+from autotm.checks.validate import validate
 from autotm.zoo import workload
 
 
@@ -148,7 +148,7 @@ def feasible_ratio(cache: str, formulations) -> str:
     profile lands in `cache`, which the bench then reuses."""
     import math
 
-    from autotm.budget import parse_budget
+    from autotm.ir.budget import parse_budget
     from autotm.planner import smallest_feasible_budget
     from autotm.profile import profile_workload
     from autotm.zoo import workload

@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from autotm.capture import capture
+from autotm.frontend.capture import capture
 from autotm.errors import CaptureError, ReplayError
-from autotm.graph import Role, check
-from autotm.replay import TrainingState, replay_step
+from autotm.ir.graph import Role, check
+from autotm.interpret.replay import TrainingState, replay_step
 
 
 def small_cnn(seed=0):
@@ -70,9 +70,9 @@ def test_replay_calls_the_in_place_form_where_the_executor_does():
     """relu on a dying batch-norm output runs as relu_ in the replay as in the executor (the
     profiler's in-situ timings come from the replay: relu at 128 KiB took ~20 us as out=,
     ~7 us in place), and the values stay eager's (the bit-identity test above)."""
-    from autotm.executor import ExecutorSession
-    from autotm.plan import all_fast_plan
-    from autotm.replay import Replay, reuse_table
+    from autotm.runtime.executor import ExecutorSession
+    from autotm.ir.plan import all_fast_plan
+    from autotm.interpret.replay import Replay, reuse_table
     from autotm.tiers import make_memory_system
 
     model = small_cnn()
@@ -228,7 +228,7 @@ def test_replay_rejects_a_batch_of_another_shape():
 
 
 def test_fake_capture_of_a_650GB_workload_allocates_nothing():
-    from autotm.workloads import capture_workload
+    from autotm.frontend.workloads import capture_workload
     from autotm.zoo import workload
 
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

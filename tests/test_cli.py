@@ -84,7 +84,7 @@ def test_plan_and_run_json_on_the_real_file_tier(tmp_path):
 
     # a cache filled while the machine ran 8x slower (its pace probe's record scaled so):
     # reusing it, the CLI says so in one line, with the way out
-    from autotm.pace import PACE_VALUE
+    from autotm.profile.pace import PACE_VALUE
     import sqlite3
 
     with sqlite3.connect(cache) as db:

@@ -91,7 +91,7 @@ def test_bad_planner_options_are_refused_before_the_capture():
 
 
 def test_a_plan_file_that_is_not_text_is_one_clear_error(tmp_path):
-    from autotm.plan import Plan, PlanError
+    from autotm.ir.plan import Plan, PlanError
 
     bad = tmp_path / "plan.json"
     bad.write_bytes(b"\xff\xfe\x00garbage")

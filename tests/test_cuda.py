@@ -111,7 +111,7 @@ def meta_inputs(graph) -> dict[int, torch.Tensor]:
 @pytest.fixture(scope="module")
 def transformer_graph():
     """The test transformer creates tensors in the graph (arange, ones with device=cpu)."""
-    from autotm.workloads import capture_workload
+    from autotm.frontend.workloads import capture_workload
     from autotm.zoo import workload
 
     return capture_workload(workload("transformer", "test"), fake=True)
@@ -119,7 +119,7 @@ def transformer_graph():
 
 def test_replay_runs_a_cpu_graph_on_another_device(transformer_graph):
     from autotm.errors import ReplayError
-    from autotm.replay import Replay
+    from autotm.interpret.replay import Replay
 
     g = transformer_graph
     assert any(isinstance(v, torch.device) for n in g.program.kernel_nodes for v in n.kwargs.values())
@@ -150,8 +150,8 @@ def test_replay_runs_a_cpu_graph_on_another_device(transformer_graph):
 def test_executor_runs_on_the_memory_systems_fast_device(transformer_graph, tmp_path):
     """The executor takes its device from memory.fast_device: CPU inputs are moved there
     and factory ops create their tensors there (here the meta device stands in for a GPU)."""
-    from autotm.executor import Executor
-    from autotm.plan import all_fast_plan
+    from autotm.runtime.executor import Executor
+    from autotm.ir.plan import all_fast_plan
 
     g = transformer_graph
     inputs = {tid: torch.empty_strided(v.shape, v.stride(), dtype=v.dtype) for tid, v in meta_inputs(g).items()}
@@ -164,7 +164,7 @@ def test_executor_runs_on_the_memory_systems_fast_device(transformer_graph, tmp_
 
 
 def test_profile_environment_names_the_device():
-    from autotm.profile import cpu_model, environment
+    from autotm.profile.profiler import cpu_model, environment
 
     assert environment("cpu+file") == environment("cpu+file", torch.device("cpu"))
     assert environment("cpu+file")["device"] == cpu_model()
@@ -280,7 +280,7 @@ def test_fast_capacity_caps_the_allocator(tmp_path):
 
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory):
-    from autotm.profile import profile_workload
+    from autotm.profile.profiler import profile_workload
     from autotm.zoo import workload
 
     w = workload("vgg19", "test")
@@ -337,7 +337,7 @@ def test_vgg_is_bit_identical_to_eager_on_the_gpu(profiled):
 
 @needs_cuda
 def test_save_on_cpu_baseline():
-    from autotm.gpu_baselines import run_save_on_cpu
+    from autotm.runtime.gpu_baselines import run_save_on_cpu
     from autotm.zoo import workload
 
     d = run_save_on_cpu(workload("vgg19", "test"), iterations=2, verify=True)

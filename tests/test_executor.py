@@ -6,17 +6,17 @@ import sys
 
 import pytest
 
-from autotm.capture import capture
-from autotm.executor import BudgetExceeded, ExecutorSession
-from autotm.plan import all_fast_plan, evict_all_activations_plan
+from autotm.frontend.capture import capture
+from autotm.runtime.executor import BudgetExceeded, ExecutorSession
+from autotm.ir.plan import all_fast_plan, evict_all_activations_plan
 from autotm.planner import large_block_alignment
 from autotm.planner.arena import with_arena
 from autotm.planner.baselines import lru_plan
-from autotm.budget import parse_budget
+from autotm.ir.budget import parse_budget
 from autotm.tiers import cpu_arena
 from autotm.tiers import make_memory_system
-from autotm.validate import validate
-from autotm.verify import eager_reference, verify_replay
+from autotm.checks.validate import validate
+from autotm.runtime.verify import eager_reference, verify_replay
 from autotm.zoo import MODELS, workload
 
 PLANS = {
@@ -155,8 +155,8 @@ def test_budget_is_enforced_by_the_runtime(memory):
 def weights_start_slow_plan(graph):
     """Weights and optimizer state live in slow memory between iterations: each is
     prefetched before its first use, and its updated value is carried back to slow."""
-    from autotm.graph import Role
-    from autotm.plan import PLAN_VERSION, Action, Plan, TensorPlan
+    from autotm.ir.graph import Role
+    from autotm.ir.plan import PLAN_VERSION, Action, Plan, TensorPlan
 
     tensors = []
     for t in graph.tensors:
@@ -188,7 +188,7 @@ def test_state_carried_in_slow_memory_trains_bit_identically(memory):
 
 _HEAP_CHILD = r"""
 import ctypes, json, torch
-from autotm.executor import keep_freed_memory, large_blocks_mapped
+from autotm.runtime.executor import keep_freed_memory, large_blocks_mapped
 class MI(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                                "fsmblks", "uordblks", "fordblks", "keepcost")]

@@ -14,11 +14,11 @@ import pytest
 import torch
 from torch import nn
 
-from autotm.capture import capture
-from autotm.executor import ExecutorSession, SessionFailed
-from autotm.plan import evict_all_activations_plan
+from autotm.frontend.capture import capture
+from autotm.runtime.executor import ExecutorSession, SessionFailed
+from autotm.ir.plan import evict_all_activations_plan
 from autotm.tiers import TierError, make_memory_system
-from autotm.validate import validate
+from autotm.checks.validate import validate
 from children import sigint_default, stop
 
 SMALL_NET = """
@@ -145,11 +145,11 @@ def test_read_only_slow_directory_is_a_clear_error(tmp_path):
 CHILD = SMALL_NET + textwrap.dedent("""
 import sys
 from torch import nn
-from autotm.capture import capture
-from autotm.executor import ExecutorSession, SessionFailed
-from autotm.plan import evict_all_activations_plan
+from autotm.frontend.capture import capture
+from autotm.runtime.executor import ExecutorSession, SessionFailed
+from autotm.ir.plan import evict_all_activations_plan
 from autotm.tiers import make_memory_system
-from autotm.validate import validate
+from autotm.checks.validate import validate
 
 memory = make_memory_system("cpu+file", slow_dir=sys.argv[1])
 model = small_net()

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 
 import autotm
 from autotm.errors import AutotmError
-from autotm.graph import Role
+from autotm.ir.graph import Role
 from autotm.planner import InfeasibleBudget, plan
 from autotm.planner.floor import accounting, kernel_needs, operand_bytes, smallest_feasible, tightest_staged_plan
-from autotm.validate import validate
+from autotm.checks.validate import validate
 from graphs import make_graph
 from test_planner import cost_model, direct_cost_model
 
@@ -78,7 +78,7 @@ def test_every_planner_plans_at_its_reported_minimum_for_every_zoo_model(model, 
     convolution's is as large as its operands, as oneDNN's reorder buffers can be.)"""
     from autotm.planner.floor import tightest_direct_plan
     from autotm.profile import profile
-    from autotm.workloads import capture_workload
+    from autotm.frontend.workloads import capture_workload
     from autotm.zoo import workload
 
     g = capture_workload(workload(model, "test"), fake=True)
@@ -125,7 +125,7 @@ def minimum_of_the_tightest_plan(g, cm, formulation, tightest) -> int:
 def test_the_error_names_the_kernel_its_module_and_an_updates_parameter():
     """The optimizer update of a weight needs parameter, gradient and momentum at once:
     the error says so, naming the parameter."""
-    from autotm.graph import Kernel, Tensor, TrainingGraph
+    from autotm.ir.graph import Kernel, Tensor, TrainingGraph
 
     mb = 2**20
     tensors = (
@@ -245,7 +245,7 @@ def test_all_fast_over_a_budget_says_so():
 def test_the_demo_falls_back_to_the_smallest_budget_every_planner_fits():
     """demo_budget on a machine whose kernels need more workspace than the 4:1 budget
     holds: one line says so, and every planner plans at the budget it gives."""
-    from autotm.demo import PLANNERS, demo_budget
+    from autotm.experiments.demo import PLANNERS, demo_budget
 
     g = make_graph([100, 1, 1, 100, 1, 1, 1], [([], [0, 1]), ([1], [2]), ([2], [3]), ([3], [4]), ([4], [5]),
                                                ([0, 5], [6])], outputs=(6,), roles={6: Role.OUTPUT})
@@ -275,7 +275,7 @@ def test_the_demo_runs_where_4_to_1_is_infeasible(tmp_path, monkeypatch):
     from rich.console import Console
 
     import autotm.profile as profile_module
-    from autotm.demo import run_demo
+    from autotm.experiments.demo import run_demo
 
     real = profile_module.profile
 

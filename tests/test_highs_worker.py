@@ -9,8 +9,8 @@ import pytest
 
 from autotm.planner import ilp, plan
 from autotm.planner.highs_worker import improve_start, request, rins, run_isolated
-from autotm.simulate import simulate
-from autotm.validate import validate
+from autotm.checks.simulate import simulate
+from autotm.checks.validate import validate
 from test_planner import chain_with_one_big_activation, cost_model
 
 

@@ -9,8 +9,8 @@ import re
 import pytest
 
 from autotm.errors import AutotmError
-from autotm.graph import Kernel, Role, Tensor, TrainingGraph, check
-from autotm.plan import (
+from autotm.ir.graph import Kernel, Role, Tensor, TrainingGraph, check
+from autotm.ir.plan import (
     PLAN_VERSION,
     Action,
     Plan,
@@ -20,7 +20,7 @@ from autotm.plan import (
     check_plan_matches,
     evict_all_activations_plan,
 )
-from autotm.validate import validate
+from autotm.checks.validate import validate
 
 
 def graph_with_users(users: tuple[int, ...], n: int, name: str = "users") -> TrainingGraph:
@@ -67,7 +67,7 @@ def captured():
     import torch
     from torch import nn
 
-    from autotm.capture import capture
+    from autotm.frontend.capture import capture
 
     torch.manual_seed(0)
     m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 8 * 8, 10))

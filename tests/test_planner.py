@@ -9,15 +9,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autotm.budget import parse_budget
-from autotm.costmodel import CostModel, MoveCost
-from autotm.graph import Role
+from autotm.ir.budget import parse_budget
+from autotm.ir.costmodel import CostModel, MoveCost
+from autotm.ir.graph import Role
 from autotm.planner import InfeasibleBudget, plan
 from autotm.planner import ilp
 from autotm.planner.ilp import default_min_tensor_bytes, min_tensor_bytes_for, minimum_budget, solve_staged
 from autotm.planner.segments import tensor_segments
-from autotm.simulate import simulate
-from autotm.validate import validate
+from autotm.checks.simulate import simulate
+from autotm.checks.validate import validate
 from graphs import make_graph
 
 
@@ -174,7 +174,7 @@ def test_the_baselines_are_solutions_of_the_model(monkeypatch):
     started fast (the executor reads them back at the end): as warm starts they are the
     model's steady state (the weight starts slow), feasible, and no dearer than simulated."""
     from autotm.planner.baselines import first_touch_plan, lru_plan
-    from autotm.workloads import capture_workload
+    from autotm.frontend.workloads import capture_workload
     from autotm.zoo import workload
 
     g = capture_workload(workload("resnet50", "test"), fake=True)
@@ -205,9 +205,9 @@ def test_a_weight_evicted_before_its_first_use_starts_slow_in_the_model(monkeypa
     "drop needs a slow copy" rows). As a warm start it is the weight starting slow."""
     import dataclasses
 
-    from autotm.plan import Action
+    from autotm.ir.plan import Action
     from autotm.planner.baselines import all_fast
-    from autotm.workloads import capture_workload
+    from autotm.frontend.workloads import capture_workload
     from autotm.zoo import workload
 
     g = capture_workload(workload("resnet50", "test"), fake=True)
@@ -237,7 +237,7 @@ def test_a_weight_evicted_before_its_first_use_starts_slow_in_the_model(monkeypa
 
 
 def test_objective_equals_simulation_and_plan_validates_on_a_real_graph():
-    from autotm.workloads import capture_workload
+    from autotm.frontend.workloads import capture_workload
     from autotm.zoo import workload
 
     g = capture_workload(workload("resnet50", "test"), fake=True)
@@ -370,7 +370,7 @@ def direct_cost_model(g, seconds, slow_factor=1.5):
     """Direct access: each operand in slow memory adds (slow_factor - 1) x the kernel's time."""
     import itertools
 
-    from autotm.costmodel import operand_tensors
+    from autotm.ir.costmodel import operand_tensors
 
     table = {}
     for k in g.kernels:

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autotm.graph import Role
+from autotm.ir.graph import Role
 from autotm.planner import InfeasibleBudget, plan
-from autotm.simulate import simulate
-from autotm.validate import validate
+from autotm.checks.simulate import simulate
+from autotm.checks.validate import validate
 from graphs import make_graph
 from test_planner import chain_with_one_big_activation, direct_cost_model
 

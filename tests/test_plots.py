@@ -6,12 +6,12 @@ import sys
 import numpy as np
 import pytest
 
-from autotm import bench, plots
-from autotm.bench import SweepOptions, run_cells
+from autotm.experiments import bench, plots
+from autotm.experiments.bench import SweepOptions, run_cells
 from autotm.planner import plan as make_plan
-from autotm.profile import profile_workload
-from autotm.results import store_for
-from autotm.validate import validate
+from autotm.profile.profiler import profile_workload
+from autotm.experiments.results import store_for
+from autotm.checks.validate import validate
 from autotm.zoo import workload
 
 

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 import torch
 from torch import nn
 
-from autotm.costmodel import CostModel, MoveCost
-from autotm.plan import all_fast_plan, evict_all_activations_plan
-from autotm.profile import (
+from autotm.ir.costmodel import CostModel, MoveCost
+from autotm.ir.plan import all_fast_plan, evict_all_activations_plan
+from autotm.profile.profiler import (
     MIN_BATCH_S,
     MOVE_PHASES,
     _fit_move,
@@ -38,10 +38,10 @@ from autotm.profile import (
     spec_names,
     time_call,
 )
-from autotm.profile_cache import SCHEMA_VERSION, CacheWarning, ProfileCache, environment_key
-from autotm.simulate import simulate
+from autotm.profile.cache import SCHEMA_VERSION, CacheWarning, ProfileCache, environment_key
+from autotm.checks.simulate import simulate
 from autotm.tiers import make_memory_system
-from autotm.validate import PlanReplay
+from autotm.checks.validate import PlanReplay
 from children import sigint_default, stop
 
 SMALL_MOVES = dict(move_sizes=(64 * 1024, 1024 * 1024), move_repeats=2)
@@ -53,8 +53,8 @@ SMALL_MOVES = dict(move_sizes=(64 * 1024, 1024 * 1024), move_repeats=2)
 TINY_SOURCE = textwrap.dedent('''
     import torch
     from torch import nn
-    from autotm.capture import capture
-    from autotm.replay import TrainingState
+    from autotm.frontend.capture import capture
+    from autotm.interpret.replay import TrainingState
 
     class Tiny(nn.Module):
         def __init__(self):
@@ -116,7 +116,7 @@ def test_wake_seconds_pool_each_signatures_excess_over_its_positions():
     # kernels a b a b c: a is 10 us slower cold, b 4 us slower as the second kernel after a
     # move; per position the warm times differ (a at 100 and 120 us) and one position's
     # samples are noise, which the median over a signature's positions rejects
-    from autotm.profile import wake_seconds
+    from autotm.profile.profiler import wake_seconds
 
     sigs = ["a", "b", "a", "b", "c"]
     g = SimpleNamespace(kernels=[SimpleNamespace(signature=s) for s in sigs])
@@ -132,7 +132,7 @@ def test_wake_seconds_pool_each_signatures_excess_over_its_positions():
 
 
 def test_in_situ_rule():
-    from autotm.profile import LONG_KERNEL_S, MAX_ITERATIONS, insitu_done, insitu_estimate
+    from autotm.profile.profiler import LONG_KERNEL_S, MAX_ITERATIONS, insitu_done, insitu_estimate
 
     assert not insitu_done([], 0, 0)
     assert not insitu_done([[1e-3, 1e-3]], 0, 0)  # too few samples
@@ -305,8 +305,8 @@ class ManyViews(nn.Module):
 def many_views():
     """ManyViews captured, its stack kernel's index, and the median time every interpreter
     takes to build that kernel's operands (its 96 views re-derived)."""
-    from autotm.capture import capture
-    from autotm.replay import Replay, TrainingState
+    from autotm.frontend.capture import capture
+    from autotm.interpret.replay import Replay, TrainingState
 
     torch.manual_seed(0)
     m = ManyViews()
@@ -334,7 +334,7 @@ def many_views():
 
 
 def test_building_operands_is_timed_between_kernels_by_the_profiler_and_the_executor(memory, many_views, tmp_path):
-    from autotm.executor import ExecutorSession
+    from autotm.runtime.executor import ExecutorSession
 
     mv = many_views
     g, m, opt, batch, state, k, build = mv.g, mv.m, mv.opt, mv.batch, mv.state, mv.k, mv.build
@@ -427,7 +427,7 @@ def test_signatures_differing_only_in_stride_or_padding_are_separate_entries(tin
 CHILD = TINY_SOURCE + textwrap.dedent('''
     import sys, time
     from autotm.profile import profile, environment
-    from autotm.profile_cache import environment_key
+    from autotm.profile.cache import environment_key
     from autotm.tiers import make_memory_system
     g, inputs = tiny_graph()
     ms = make_memory_system("cpu+file")
@@ -537,7 +537,7 @@ def test_foreign_version_and_foreign_database_are_rebuilt(tmp_path):
 
 
 def test_default_cache_path_is_overridable(monkeypatch, tmp_path):
-    from autotm.profile_cache import default_cache_path
+    from autotm.profile.cache import default_cache_path
 
     monkeypatch.setenv("AUTOTM_CACHE_DIR", str(tmp_path))
     assert default_cache_path() == tmp_path / "profile.sqlite"
@@ -564,7 +564,7 @@ def test_direct_access_profiles_every_placement(tiny, tmp_path):
 
 @pytest.fixture(scope="module")
 def fake_vgg():
-    from autotm.workloads import capture_workload
+    from autotm.frontend.workloads import capture_workload
     from autotm.zoo import workload
 
     return capture_workload(workload("vgg19", "test"), fake=True)
@@ -629,11 +629,11 @@ def test_profile_sim_measures_this_machines_peak_once(fake_vgg, tmp_path):
 def test_workspace_is_profiled_cached_and_planned_around(memory, tmp_path):
     # convolution (oneDNN reorders) and its backward allocate temporaries of about their
     # output's size: fast memory the plan must leave free while they run
-    from autotm.capture import capture
+    from autotm.frontend.capture import capture
     from autotm.planner import plan
-    from autotm.replay import TrainingState
+    from autotm.interpret.replay import TrainingState
     from autotm.tiers import cpu_arena
-    from autotm.validate import validate
+    from autotm.checks.validate import validate
 
     if cpu_arena.load() is None:
         pytest.skip(f"no C++ toolchain here: {cpu_arena.load.reason}")
@@ -677,7 +677,7 @@ def _busy(seconds: float) -> list[subprocess.Popen]:
 
 
 def test_a_cache_filled_on_a_loaded_machine_warns_when_reused(tiny, memory, tmp_path):
-    from autotm.pace import PACE_VALUE, PaceWarning, pace_probe_seconds
+    from autotm.profile.pace import PACE_VALUE, PaceWarning, pace_probe_seconds
 
     g, inputs = tiny
     path = tmp_path / "c.sqlite"
@@ -713,7 +713,7 @@ def test_a_cache_filled_on_a_loaded_machine_warns_when_reused(tiny, memory, tmp_
 
 
 def test_pace_check_flags_a_ratio_beyond_the_tolerance_either_way():
-    from autotm.pace import PACE_TOLERANCE, PaceCheck
+    from autotm.profile.pace import PACE_TOLERANCE, PaceCheck
 
     assert PaceCheck(now_s=0.01, cached_s=None).ratio is None
     assert not PaceCheck(now_s=0.01, cached_s=None).mismatched

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from autotm.profile_cache import ProfileCache
+from autotm.profile.cache import ProfileCache
 from children import stop
 from test_profile import TINY_SOURCE, unique_keys
 

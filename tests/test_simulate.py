@@ -7,10 +7,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from autotm.costmodel import CostModel, MoveCost, operand_tensors
-from autotm.graph import Role, TrainingGraph
-from autotm.plan import PLAN_VERSION, Action, Plan, PlanError, TensorPlan, all_fast_plan
-from autotm.simulate import simulate
+from autotm.ir.costmodel import CostModel, MoveCost, operand_tensors
+from autotm.ir.graph import Role, TrainingGraph
+from autotm.ir.plan import PLAN_VERSION, Action, Plan, PlanError, TensorPlan, all_fast_plan
+from autotm.checks.simulate import simulate
 from graphs import make_graph
 
 

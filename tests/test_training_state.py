@@ -17,7 +17,7 @@ from torch import nn
 
 import autotm
 from autotm.errors import ReplayError, StateChanged
-from autotm.executor import SessionFailed
+from autotm.runtime.executor import SessionFailed
 
 BUDGET = 200_000  # bytes: the synchronous plan keeps 0.weight and 2.weight slow, the rest fast
 

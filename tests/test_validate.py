@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autotm.graph import INPUT_ROLES, Role, Tensor, TrainingGraph
-from autotm.plan import (
+from autotm.ir.graph import INPUT_ROLES, Role, Tensor, TrainingGraph
+from autotm.ir.plan import (
     PLAN_VERSION,
     Action,
     Plan,
@@ -21,7 +21,7 @@ from autotm.plan import (
     all_fast_plan,
     evict_all_activations_plan,
 )
-from autotm.validate import PlanReplay, validate
+from autotm.checks.validate import PlanReplay, validate
 from graphs import make_graph
 
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from autotm.graph import check
-from autotm.verify import verify_replay
+from autotm.ir.graph import check
+from autotm.runtime.verify import verify_replay
 from autotm.zoo import MODELS, workload
 
 

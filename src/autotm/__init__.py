@@ -4,10 +4,10 @@ The pipeline: capture -> TrainingGraph -> profile -> CostModel -> plan -> valida
 execute -> RunReport. See README.md.
 """
 
-from .capture import capture
+from .frontend.capture import capture
 from .errors import AutotmError, CaptureError, GraphError, InfeasibleBudget, ReplayError
-from .graph import Kernel, Role, Tensor, TrainingGraph, check
-from .replay import Replay, TrainingState, replay_step
+from .ir.graph import Kernel, Role, Tensor, TrainingGraph, check
+from .interpret.replay import Replay, TrainingState, replay_step
 
 
 def __getattr__(name):
@@ -21,15 +21,15 @@ def __getattr__(name):
 
         return plan
     if name == "profile_graph":
-        from .profile import profile
+        from .profile.profiler import profile
 
         return profile
     if name == "simulate_plan":
-        from .simulate import simulate
+        from .checks.simulate import simulate
 
         return simulate
     if name == "validate_plan":
-        from .validate import validate
+        from .checks.validate import validate
 
         return validate
     raise AttributeError(f"module 'autotm' has no attribute {name!r}")

@@ -16,12 +16,12 @@ from typing import Any, Callable
 
 import torch
 
-from .capture import capture
+from .frontend.capture import capture
 from .errors import StateChanged
-from .executor import ExecutorSession, RunReport, SessionFailed
-from .optim_lowering import live_groups
+from .runtime.executor import ExecutorSession, RunReport, SessionFailed
+from .frontend.optim_lowering import live_groups
 from .planner import plan as make_plan
-from .replay import TrainingState, check_batch
+from .interpret.replay import TrainingState, check_batch
 from .tiers.base import MemorySystem, SlowHandle, make_memory_system
 
 
@@ -76,7 +76,7 @@ class CompiledStep:
                  memory: str | MemorySystem = "cpu+file", budget: Any = None, formulation: str = "asynchronous",
                  cache=None, slow_dir: str | None = None, progress: bool | CompileProgress | None = None,
                  **plan_options):
-        from .profile import profile
+        from .profile.profiler import profile
 
         report = _StderrProgress() if progress is True else (progress or None)
         self.stage_seconds: dict[str, float] = {}
@@ -412,7 +412,7 @@ def run_workload(w, graph, cost_model, plan_obj, memory: MemorySystem, *, iterat
     """Execute `plan_obj` for `iterations` on `memory`; with verify, compare with eager bit for bit.
     `trim_memory`, `use_arena`: as ExecutorSession (default: hold RSS near the budget when
     there is one, following the plan's arena layout)."""
-    from .verify import verify_replay
+    from .runtime.verify import verify_replay
 
     sessions: list[ExecutorSession] = []
 

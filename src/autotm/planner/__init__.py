@@ -10,12 +10,12 @@ import dataclasses
 import math
 import time
 
-from ..budget import is_minimum, parse_budget
-from ..costmodel import CostModel
-from ..graph import TrainingGraph
-from ..plan import Plan
-from ..simulate import simulate
-from ..validate import validate
+from ..ir.budget import is_minimum, parse_budget
+from ..ir.costmodel import CostModel
+from ..ir.graph import TrainingGraph
+from ..ir.plan import Plan
+from ..checks.simulate import simulate
+from ..checks.validate import validate
 from ..tiers.base import PAGE
 from .arena import with_arena
 from .baselines import all_fast, first_touch_plan, lru_plan

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..graph import TrainingGraph
-from ..plan import Plan
-from ..validate import FastBlock, validate
+from ..ir.graph import TrainingGraph
+from ..ir.plan import Plan
+from ..checks.validate import FastBlock, validate
 
 ALIGNMENT = 64
 LARGE_BLOCK_BYTES = 64 << 10
@@ -207,7 +207,7 @@ def shared_storage(blocks, graph: TrainingGraph) -> list[tuple[int, int]]:
     p = getattr(graph, "program", None)
     if p is None or not hasattr(p, "kernel_nodes"):
         return []
-    from ..replay import reuse_table
+    from ..interpret.replay import reuse_table
 
     by_tensor: dict[int, list[int]] = {}
     for i, b in enumerate(blocks):

@@ -16,8 +16,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..graph import Role, TrainingGraph
-from ..plan import Action, Plan, TensorPlan, all_fast_plan
+from ..ir.graph import Role, TrainingGraph
+from ..ir.plan import Action, Plan, TensorPlan, all_fast_plan
 from .ilp import InfeasibleBudget
 
 
@@ -58,7 +58,7 @@ def first_touch_plan(graph: TrainingGraph, budget: int, memory_system: str = "cp
     kernel; when the staged copies of several slow tensors still overlap beyond the
     budget, the reserve grows by the excess and the placement is made again.
     `workspace[k]`: bytes kernel k needs beyond the tensors (CostModel.workspace)."""
-    from ..validate import validate
+    from ..checks.validate import validate
 
     ws = _reserve(graph, workspace)
     _minimum(graph, budget, ws)

@@ -51,9 +51,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..costmodel import CostModel, operand_tensors
-from ..graph import TrainingGraph
-from ..plan import Action, Plan, TensorPlan
+from ..ir.costmodel import CostModel, operand_tensors
+from ..ir.graph import TrainingGraph
+from ..ir.plan import Action, Plan, TensorPlan
 from .ilp import MARGIN_BYTES, SCALE, ILPStats, InfeasibleBudget, _candidates, _feasible, _Rows, _Vars, \
     add_async_overlap, \
     add_async_slowdown, \

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..graph import Role, TrainingGraph
-from ..plan import Action, Plan, TensorPlan
+from ..ir.graph import Role, TrainingGraph
+from ..ir.plan import Action, Plan, TensorPlan
 from .segments import carried_pairs, tensor_segments
 from .static import movable
 
@@ -90,7 +90,7 @@ def smallest_feasible(graph: TrainingGraph, formulation: str, access: str, acc: 
     if formulation == "lru" or (formulation == "first-touch" and access == "staged"):
         need = operand_bytes(graph) + ws
         if formulation == "first-touch":
-            from ..validate import validate
+            from ..checks.validate import validate
 
             p = tightest_first_touch(graph, memory_system)
             need = np.maximum(need, validate(p, graph, budget_bytes=2**62).fast_bytes + ws)
@@ -98,7 +98,7 @@ def smallest_feasible(graph: TrainingGraph, formulation: str, access: str, acc: 
                         if formulation == "first-touch" else "")
     if access == "staged":
         p = tightest_staged_plan(graph, acc.pinned, memory_system)
-        from ..validate import validate
+        from ..checks.validate import validate
 
         held = validate(p, graph, budget_bytes=2**62).fast_bytes
         return _at_peak(graph, held - (acc.solver_extra if acc.solver_extra is not None else 0), ws, "")
@@ -120,7 +120,7 @@ def check_before_profile(graph: TrainingGraph, budget, formulation: str, access:
     (peak + W) / (r + 1), against the floor, which is at least W too: no W can make it
     fit if peak < r * floor. Capturing takes seconds, profiling minutes: an infeasible
     attempt now says so before the profile (pin_params budgets are left to plan())."""
-    from ..budget import is_minimum, is_ratio, parse_budget, parse_ratio
+    from ..ir.budget import is_minimum, is_ratio, parse_budget, parse_ratio
     from ..errors import InfeasibleBudget
 
     if formulation in NO_BUDGET or budget is None or is_minimum(budget) or not len(graph.kernels):

@@ -69,10 +69,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..costmodel import CostModel
+from ..ir.costmodel import CostModel
 from ..errors import InfeasibleBudget  # noqa: F401  (raised here; re-exported)
-from ..graph import TrainingGraph
-from ..plan import Action, Plan, TensorPlan
+from ..ir.graph import TrainingGraph
+from ..ir.plan import Action, Plan, TensorPlan
 from .highs_worker import (REFERENCE_SHARE, RINS_SHARE, cheaper, feasible, improve_start, model_arrays, request,
                            run_isolated, set_start)
 from .segments import TensorSegments, carried_pairs, tensor_segments

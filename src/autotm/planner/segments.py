@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..graph import Role, TrainingGraph
+from ..ir.graph import Role, TrainingGraph
 
 CARRIED = ("param:", "buffer:", "opt:")
 

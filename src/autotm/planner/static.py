@@ -28,9 +28,9 @@ import time
 
 import numpy as np
 
-from ..costmodel import CostModel, operand_tensors
-from ..graph import Role, TrainingGraph
-from ..plan import Plan, TensorPlan
+from ..ir.costmodel import CostModel, operand_tensors
+from ..ir.graph import Role, TrainingGraph
+from ..ir.plan import Plan, TensorPlan
 from .ilp import MARGIN_BYTES, SCALE, ILPStats, InfeasibleBudget, _feasible, _Rows, _Vars, capacity_chain, highs_model, \
     solve_model
 from .segments import carried_pairs

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Callable, Iterable, Sequence
 
-from .budget import COMMON_RATIOS, is_ratio, parse_budget
+from ..ir.budget import COMMON_RATIOS, is_ratio, parse_budget
 from .results import Record, ResultsStore, cell_key, environment, git_commit, now
 
 CONVENTIONAL_MODELS = ("vgg19", "resnet200", "inception_v4", "densenet264")
@@ -57,7 +57,7 @@ def case_study_ratios() -> tuple[str, ...]:
 def access_of(memory: str) -> str:
     """"staged" or "direct", without opening the memory system."""
     if memory.startswith("sim:"):
-        from .profile import load_spec
+        from ..profile.profiler import load_spec
 
         return load_spec(memory).access
     direct = {"cpu+mmap", "cpu+numa"}
@@ -125,7 +125,7 @@ class Cell:
 
     @property
     def workload(self):
-        from .zoo.registry import Workload
+        from ..zoo.registry import Workload
 
         return Workload(self.model, self.preset, self.batch, self.image)
 
@@ -142,8 +142,8 @@ def make_cells(experiment: str, models: Iterable[str], formulations: Iterable[st
                memory: str, preset: str, *, pin_params: bool = False, all_sizes: bool = False) -> list[Cell]:
     """Every (workload, formulation, budget) of a sweep; budget-free formulations once per workload.
     `all_sizes`: every size the preset lists for a model (the gpu preset has several)."""
-    from .planner import BASELINES, FORMULATIONS
-    from .zoo.registry import MODELS, preset_sizes
+    from ..planner import BASELINES, FORMULATIONS
+    from ..zoo.registry import MODELS, preset_sizes
 
     formulations, budgets = list(formulations), list(budgets)
     for f in formulations:
@@ -206,7 +206,7 @@ def kernel_io(plan, graph) -> dict[str, int]:
     or written in place in slow memory; staged: all of them), and the input bytes that
     were kept in fast memory since their production or previous use, i.e. not brought back
     by a prefetch for this use (what a staged plan keeps resident rather than moves)."""
-    from .validate import PlanReplay
+    from ..checks.validate import PlanReplay
 
     nbytes = [t.nbytes for t in graph.tensors]
     fetched: set[int] = set()  # prefetched since its last use
@@ -271,8 +271,8 @@ def _fill_from_plan(rec: Record, p, graph) -> None:
 def run_cell(cell: Cell, ctx: _Workload, memory_system, opts: SweepOptions, env: dict,
              commit: str | None) -> Record:
     """Plan the cell and, on a real memory system, execute it; failures become the record's status."""
-    from .planner import InfeasibleBudget
-    from .planner import plan as make_plan
+    from ..planner import InfeasibleBudget
+    from ..planner import plan as make_plan
 
     rec = _base_record(cell, ctx, opts, env, commit)
     access = rec.access
@@ -304,8 +304,8 @@ def run_cell(cell: Cell, ctx: _Workload, memory_system, opts: SweepOptions, env:
 def _execute(rec: Record, ctx: _Workload, p, memory_system, opts: SweepOptions) -> None:
     import torch
 
-    from .api import run_workload
-    from .verify import eager_reference
+    from ..api import run_workload
+    from ..runtime.verify import eager_reference
 
     device = getattr(memory_system, "fast_device", None)
     if opts.verify and ctx.reference is None:
@@ -337,7 +337,7 @@ def _run_save_on_cpu(rec: Record, ctx: _Workload, opts: SweepOptions) -> Record:
     if rec.simulated:
         rec.status, rec.message = "unsupported", "save-on-cpu is a measured baseline; it cannot be simulated"
         return rec
-    from .gpu_baselines import run_save_on_cpu
+    from ..runtime.gpu_baselines import run_save_on_cpu
 
     d = run_save_on_cpu(ctx.w, opts.iterations, opts.verify)
     rec.measured_seconds = float(d["measured_seconds"])
@@ -380,7 +380,7 @@ def run_cells(cells: Sequence[Cell], store: ResultsStore, opts: SweepOptions, *,
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
         TimeRemainingColumn
 
-    from .profile import profile_workload
+    from ..profile.profiler import profile_workload
 
     console = console or Console(stderr=True)
     done = store.done_keys()
@@ -429,7 +429,7 @@ def run_cells(cells: Sequence[Cell], store: ResultsStore, opts: SweepOptions, *,
 
 
 def _open_memory_systems(names: Sequence[str], stack: contextlib.ExitStack) -> dict:
-    from .tiers import make_memory_system
+    from ..tiers import make_memory_system
 
     out = {}
     for name in names:

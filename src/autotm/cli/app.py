@@ -42,7 +42,7 @@ def _main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks on 
 
 
 def _workload(model: str, preset: Optional[str], batch: Optional[int], image: Optional[int]):
-    from .zoo import workload
+    from ..zoo import workload
 
     if preset is None and (batch is None or image is None):
         preset = "test"
@@ -64,7 +64,7 @@ def graph(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Capture one training iteration on fake tensors and summarize its graph."""
-    from .workloads import capture_workload
+    from ..frontend.workloads import capture_workload
 
     w = _workload(model, preset, batch, image)
     with console.status(f"capturing {w.name} on fake tensors ...", spinner="dots") if not as_json else _null():
@@ -104,7 +104,7 @@ def profile(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Time every unique kernel and the moves of a memory system, into the profile cache."""
-    from .profile import profile_command
+    from ..profile.profiler import profile_command
 
     profile_command(models, preset, batch, image, memory, cache, recache, as_json)
 
@@ -128,8 +128,8 @@ PIN_OPT = typer.Option(False, "--pin-params", help="Keep weights, optimizer stat
 
 
 def _prepare(model, preset, batch, image, memory, cache, budget=None, formulation="all-fast", pin_params=False):
-    from .planner.floor import check_before_profile
-    from .profile import profile_workload
+    from ..planner.floor import check_before_profile
+    from ..profile.profiler import profile_workload
 
     w = _workload(model, preset, batch, image)
 
@@ -149,7 +149,7 @@ def _prepare(model, preset, batch, image, memory, cache, budget=None, formulatio
 def _access(memory: str) -> str:
     """"staged" or "direct": how kernels of `memory` reach slow memory (before building it)."""
     if memory.startswith("sim:"):
-        from .profile import load_spec
+        from ..profile import load_spec
 
         return load_spec(memory).access
     return "direct" if memory in ("cpu+mmap", "cpu+numa") else "staged"
@@ -164,7 +164,7 @@ def _warn(p) -> None:
 def _check_budget(budget: str | None, formulation: str) -> None:
     """A missing or malformed budget is an error before the capture and the profile (a
     typo in --budget cost a whole profile before)."""
-    from .budget import is_minimum, parse_budget
+    from ..ir.budget import is_minimum, parse_budget
 
     if budget is None and formulation != "all-fast":
         raise ValueError("a budget is needed: --budget 6GB, 512MiB or a slow:fast ratio such as 4:1")
@@ -206,7 +206,7 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Profile, then plan one training iteration for a fast-memory budget."""
-    from .planner import plan as make_plan
+    from ..planner import plan as make_plan
 
     _check_budget(budget, formulation)
     options = _plan_options(window, time_limit, mip_gap, pin_params)
@@ -259,9 +259,9 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Plan, then execute on the real tiers: predicted versus measured, peak fast bytes versus budget."""
-    from .api import run_workload
-    from .planner import plan as make_plan
-    from .tiers import make_memory_system
+    from ..api import run_workload
+    from ..planner import plan as make_plan
+    from ..tiers import make_memory_system
 
     if memory.startswith("sim:"):
         raise ValueError(f"{memory} is hypothetical hardware: use `autotm plan` to simulate it; run needs a real memory system")
@@ -303,7 +303,7 @@ def demo(
     out: str = typer.Option("results", "--out", help="Folder for the figure."),
 ) -> None:
     """The main job on the embedded default: every formulation and baseline side by side on cpu+file, verified."""
-    from .demo import run_demo
+    from ..experiments.demo import run_demo
 
     ok = run_demo(console, model=model, budget=budget, out=out)
     if not ok:
@@ -312,7 +312,7 @@ def demo(
         raise typer.Exit(1)
 
 
-from .cli_bench import bench_app, plot_app  # noqa: E402  (sub-apps: bench, plot)
+from .bench import bench_app, plot_app  # noqa: E402  (sub-apps: bench, plot)
 app.add_typer(bench_app, name="bench")
 app.add_typer(plot_app, name="plot")
 
@@ -338,7 +338,7 @@ _python_show_warning = warnings.showwarning
 
 
 def main() -> None:
-    from .errors import AutotmError
+    from ..errors import AutotmError
 
     warnings.showwarning = _show_warning
     try:

@@ -217,7 +217,7 @@ def environment() -> dict:
     """Where the numbers came from."""
     import torch
 
-    from .profile import cpu_model
+    from ..profile.profiler import cpu_model
 
     return {
         "torch": torch.__version__, "python": platform.python_version(), "cpu": cpu_model(),
@@ -228,7 +228,7 @@ def environment() -> dict:
 
 def git_commit() -> str | None:
     """The commit of the autotm source tree ("<sha>+dirty" with local changes), if it is a git checkout."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent  # the autotm package
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
                              timeout=10).stdout.strip()

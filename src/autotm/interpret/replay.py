@@ -14,8 +14,8 @@ from typing import Iterable, Mapping
 import torch
 import torch.fx as fx
 
-from .errors import AutotmError, ReplayError
-from .graph import Role, TrainingGraph
+from ..errors import AutotmError, ReplayError
+from ..ir.graph import Role, TrainingGraph
 
 
 def _out_overload(op: torch._ops.OpOverload):

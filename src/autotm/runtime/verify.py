@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .graph import TrainingGraph
-from .replay import Replay, TrainingState, replay_step
-from .workloads import capture_workload, eager_training
-from .zoo import Workload
+from ..ir.graph import TrainingGraph
+from ..interpret.replay import Replay, TrainingState, replay_step
+from ..frontend.workloads import capture_workload, eager_training
+from ..zoo import Workload
 
 
 def digest(t: torch.Tensor) -> str:
@@ -252,7 +252,7 @@ def _verify(w, iterations, seed, session_factory, graph, reference, dev) -> Veri
     model = w.build_model(seed=seed)
     opt = w.make_optimizer(model.parameters())
     if graph is None:
-        from .capture import capture
+        from ..frontend.capture import capture
 
         graph = capture(model, w.loss_fn(), opt, w.make_batch(seed=seed), name=w.name)
     session = session_factory(graph, model, opt)

@@ -87,13 +87,13 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from .costmodel import DIRECTIONS, HOST, MOVE_MODES, PAIR, SLOWDOWN, CostModel, MoveCost, operand_tensors
-from .graph import Role, TrainingGraph
-from .overhead import NAMES as OVERHEAD_NAMES, ExecutorOverhead, measure_executor_overhead
+from ..ir.costmodel import DIRECTIONS, HOST, MOVE_MODES, PAIR, SLOWDOWN, CostModel, MoveCost, operand_tensors
+from ..ir.graph import Role, TrainingGraph
+from ..runtime.overhead import NAMES as OVERHEAD_NAMES, ExecutorOverhead, measure_executor_overhead
 from .pace import PaceCheck, probe_pace, settle_pace
-from .profile_cache import ProfileCache
-from .replay import Replay
-from .tiers import cpu_arena
+from .cache import ProfileCache
+from ..interpret.replay import Replay
+from ..tiers import cpu_arena
 
 log = logging.getLogger("autotm.profile")
 
@@ -787,7 +787,7 @@ class _MoveSlots:
     huge-page memory, 480 us."""
 
     def __init__(self, largest: int):
-        from .planner.arena import LARGE_BLOCK_BYTES
+        from ..planner.arena import LARGE_BLOCK_BYTES
 
         self.min_bytes = LARGE_BLOCK_BYTES
         self.region_bytes = -(-(largest + cpu_arena.HUGE_PAGE) // cpu_arena.HUGE_PAGE) * cpu_arena.HUGE_PAGE
@@ -1030,7 +1030,7 @@ def profile(graph: TrainingGraph, memory_system, cache: ProfileCache | str | os.
         return (cm, stats) if return_stats else cm
     owned = None
     if isinstance(memory_system, str):
-        from .tiers import make_memory_system
+        from ..tiers import make_memory_system
 
         memory_system = owned = make_memory_system(memory_system)
     db, owned_db = _open_cache(cache)
@@ -1076,7 +1076,7 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
     if graph.fake:
         raise ValueError(f"graph {graph.name} was captured on fake tensors: it cannot be timed on "
                          f"{memory.name}; capture it on real tensors, or profile on a sim:<spec> system")
-    from .executor import keep_freed_memory
+    from ..runtime.executor import keep_freed_memory
 
     # the executor's allocator policy, so kernels are timed as it runs them: their outputs
     # land in reused heap memory, not in fresh pages that fault in on every call
@@ -1489,9 +1489,9 @@ def _profile_sim(graph, name, cache, *, recache):
 
 def capture_real(w, seed: int = 0):
     """Capture workload `w` on real tensors: (graph, model, optimizer, batch, inputs)."""
-    from .capture import capture
-    from .executor import large_blocks_mapped
-    from .replay import TrainingState
+    from ..frontend.capture import capture
+    from ..runtime.executor import large_blocks_mapped
+    from ..interpret.replay import TrainingState
 
     model = w.build_model(seed=seed)
     opt = w.make_optimizer(model.parameters())
@@ -1509,7 +1509,7 @@ def profile_workload(w, memory: str = "cpu+file", cache=None, *, recache: bool =
     """Capture `w` (fake for sim:<spec>, real otherwise) and profile it: (graph, CostModel, ProfileStats).
     `before_profile(graph)` runs between the two (a budget checked before minutes of profile)."""
     if memory.startswith("sim:"):
-        from .workloads import capture_workload
+        from ..frontend.workloads import capture_workload
 
         graph = capture_workload(w, fake=True)
         if before_profile is not None:
@@ -1536,7 +1536,7 @@ def profile_command(models: list[str], preset: str | None = None, batch: int | N
         TimeRemainingColumn
     from rich.table import Table
 
-    from .zoo import workload
+    from ..zoo import workload
 
     out = Console()
     err = Console(stderr=True)

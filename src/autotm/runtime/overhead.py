@@ -85,8 +85,8 @@ def _optimizer(model: nn.Module) -> torch.optim.Optimizer:
 
 def calibration_graph():
     """(graph, batch, inputs) of the calibration MLP, captured on real tensors."""
-    from .capture import capture
-    from .replay import TrainingState
+    from ..frontend.capture import capture
+    from ..interpret.replay import TrainingState
 
     model = _model()
     opt = _optimizer(model)
@@ -101,9 +101,9 @@ def measure_executor_overhead(memory, cost_model_of) -> ExecutorOverhead:
     the calibration graph without overheads (the caller's cache and environment) and returns
     (its CostModel, its position seconds per kernel: the profiled work after each kernel)."""
     from .executor import ExecutorSession
-    from .plan import all_fast_plan, evict_all_activations_plan
-    from .planner import laid_out
-    from .validate import validate
+    from ..ir.plan import all_fast_plan, evict_all_activations_plan
+    from ..planner import laid_out
+    from ..checks.validate import validate
 
     graph, batch, inputs = calibration_graph()
     cm, positions = cost_model_of(graph, inputs)

@@ -22,8 +22,8 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from .errors import CaptureError
-from .graph import Kernel, Role, Tensor, TrainingGraph, check
+from ..errors import CaptureError
+from ..ir.graph import Kernel, Role, Tensor, TrainingGraph, check
 from .optim_lowering import OptimizerLowering, derived, lower_optimizer, used_names
 
 # Ops that return an alias of an input although their schema does not say so.

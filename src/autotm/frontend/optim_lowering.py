@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .errors import CaptureError, StateChanged
+from ..errors import CaptureError, StateChanged
 
 
 @dataclass(frozen=True)

@@ -58,15 +58,15 @@ from typing import Iterable, Mapping
 import numpy as np
 import torch
 
-from .errors import AutotmError, ReplayError, StateChanged
-from .graph import TrainingGraph
-from .optim_lowering import GroupHyper, derived
-from .plan import Action, Plan, check_plan_matches
-from .replay import Replay, StepResult, TrainingState, check_batch
-from .planner.arena import LARGE_BLOCK_BYTES, TEMPORARY_MIN_BYTES
-from .tiers import cpu_arena
-from .tiers.base import PAGE, MemorySystem, SlowHandle
-from .validate import validate
+from ..errors import AutotmError, ReplayError, StateChanged
+from ..ir.graph import TrainingGraph
+from ..frontend.optim_lowering import GroupHyper, derived
+from ..ir.plan import Action, Plan, check_plan_matches
+from ..interpret.replay import Replay, StepResult, TrainingState, check_batch
+from ..planner.arena import LARGE_BLOCK_BYTES, TEMPORARY_MIN_BYTES
+from ..tiers import cpu_arena
+from ..tiers.base import PAGE, MemorySystem, SlowHandle
+from ..checks.validate import validate
 
 
 class BudgetExceeded(AutotmError):

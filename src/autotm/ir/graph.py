@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import GraphError
+from ..errors import GraphError
 
 
 class Role(str, enum.Enum):

@@ -55,9 +55,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .costmodel import CostModel, operand_tensors
-from .graph import TrainingGraph
-from .plan import Plan, PlanError
+from ..ir.costmodel import CostModel, operand_tensors
+from ..ir.graph import TrainingGraph
+from ..ir.plan import Plan, PlanError
 from .validate import Move, PlanReplay
 
 _DIRECTION = {"evict": "to_slow", "prefetch": "to_fast"}

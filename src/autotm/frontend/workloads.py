@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from .capture import capture
-from .graph import TrainingGraph
-from .zoo import Workload
+from ..ir.graph import TrainingGraph
+from ..zoo import Workload
 
 
 def capture_workload(w: Workload, *, fake: bool = True, seed: int = 0) -> TrainingGraph:

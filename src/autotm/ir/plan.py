@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .errors import AutotmError
+from ..errors import AutotmError
 from .graph import Role, TrainingGraph
 
 PLAN_VERSION = 1

@@ -17,8 +17,8 @@ from typing import Iterator
 
 import numpy as np
 
-from .graph import TrainingGraph
-from .plan import ACCESS, KINDS, MODES, TIERS, Action, Plan, PlanError, check_plan_matches
+from ..ir.graph import TrainingGraph
+from ..ir.plan import ACCESS, KINDS, MODES, TIERS, Action, Plan, PlanError, check_plan_matches
 
 # Tensor states in each tier.
 _NO, _YES, _IN_FLIGHT = 0, 1, 2  # fast: absent / resident / async prefetch in flight

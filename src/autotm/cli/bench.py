@@ -38,7 +38,7 @@ CACHE_OPT = typer.Option(None, "--cache", help="Profile cache file (SQLite).")
 
 def _sweep(experiment: str, out: str, memory: Optional[str], models, formulations, ratios, preset, iterations,
            verify, time_limit, mip_gap, window, pin_params, cache):
-    from . import bench
+    from ..experiments import bench
 
     if iterations < 1:
         raise ValueError("--iterations must be at least 1")
@@ -90,7 +90,7 @@ def _bench_command(experiment: str, default_memory: str, doc: str):
         _sweep(experiment, out, memory, models, formulations, ratios, preset, iterations, verify, time_limit,
                mip_gap, window, pin_params, cache)
         if experiment == "test":
-            from . import plots
+            from ..experiments import plots
 
             paths = plots.plot_experiment("test", out)
             console.print("figures: " + ", ".join(str(p) for p in paths if str(p).endswith(".png")))
@@ -124,8 +124,8 @@ RESULTS_OPT = typer.Option(None, "--results", help="Read these record files inst
 
 
 def _records(out: str, experiment: str, results: Optional[str]):
-    from .bench import parse_list
-    from .results import load_records, store_for
+    from ..experiments.bench import parse_list
+    from ..experiments.results import load_records, store_for
 
     paths = parse_list(results) or [store_for(out, experiment).path]
     for p in paths:
@@ -141,7 +141,7 @@ def _plot_command(figure: str, default_experiment: str, doc: str):
                                        help="Whose records to plot (conventional, case-study, large, gpu, test)."),
         results: Optional[str] = RESULTS_OPT,
     ) -> None:
-        from . import plots
+        from ..experiments import plots
 
         paths = plots.FIGURES[figure](_records(out, experiment, results), out, tag=experiment)
         for p in paths:
@@ -181,10 +181,10 @@ def timeline(
     cache: Optional[str] = CACHE_OPT,
 ) -> None:
     """A memory timeline of one plan: fast-tier bytes over the kernels by tensor role, the budget, the moves."""
-    from . import plots
-    from .planner import plan as make_plan
-    from .profile import profile_workload
-    from .zoo import workload
+    from ..experiments import plots
+    from ..planner import plan as make_plan
+    from ..profile.profiler import profile_workload
+    from ..zoo import workload
 
     if preset is None and (batch is None or image is None):
         preset = "test"

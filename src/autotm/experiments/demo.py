@@ -23,12 +23,12 @@ def _mib(n) -> str:
 
 def run_demo(console: Console, *, model: str = "resnet50", budget: str = "4:1", out: str = "results",
              iterations: int = 3, time_limit: float = 8.0) -> bool:
-    from .api import run_workload
-    from .planner import plan as make_plan
-    from .profile import capture_real, profile
-    from .tiers import cpu_arena, make_memory_system
-    from .verify import eager_reference
-    from .zoo import workload
+    from ..api import run_workload
+    from ..planner import plan as make_plan
+    from ..profile.profiler import capture_real, profile
+    from ..tiers import cpu_arena, make_memory_system
+    from ..runtime.verify import eager_reference
+    from ..zoo import workload
 
     t_start = time.perf_counter()
     # the executor follows the planned layouts with a C++ allocator built on first use
@@ -96,7 +96,7 @@ def demo_budget(graph, cost_model, budget, planners=PLANNERS) -> tuple[int, str 
     oneDNN picks for this CPU, can need more fast memory than another's), the smallest
     budget at which all of them find a plan; with a one-line note saying so (None when
     `budget` is kept)."""
-    from .budget import is_minimum, parse_budget
+    from ..ir.budget import is_minimum, parse_budget
     from .planner import smallest_feasible_budget
 
     floors = {name: smallest_feasible_budget(graph, cost_model, name) for name in planners if name != "all-fast"}
