@@ -4,35 +4,35 @@ The pipeline: capture -> TrainingGraph -> profile -> CostModel -> plan -> valida
 execute -> RunReport. See README.md.
 """
 
-from .frontend.capture import capture
 from .errors import AutotmError, CaptureError, GraphError, InfeasibleBudget, ReplayError
-from .ir.graph import Kernel, Role, Tensor, TrainingGraph, check
-from .interpret.replay import Replay, TrainingState, replay_step
+
+# Every other name loads on first use, so `import autotm` (and `import autotm.ir`) loads no torch.
+_LAZY = {
+    "capture": ("frontend.capture", "capture"),
+    "Kernel": ("ir.graph", "Kernel"),
+    "Role": ("ir.graph", "Role"),
+    "Tensor": ("ir.graph", "Tensor"),
+    "TrainingGraph": ("ir.graph", "TrainingGraph"),
+    "check": ("ir.graph", "check"),
+    "Replay": ("interpret.replay", "Replay"),
+    "TrainingState": ("interpret.replay", "TrainingState"),
+    "replay_step": ("interpret.replay", "replay_step"),
+    "compile": ("api", "compile"),
+    "plan_graph": ("planner", "plan"),
+    "profile_graph": ("profile.profiler", "profile"),
+    "simulate_plan": ("checks.simulate", "simulate"),
+    "validate_plan": ("checks.validate", "validate"),
+}
 
 
 def __getattr__(name):
-    # the heavier stages load on first use, so `import autotm` stays quick
-    if name == "compile":
-        from .api import compile
+    if name not in _LAZY:
+        raise AttributeError(f"module 'autotm' has no attribute {name!r}")
+    import importlib
 
-        return compile
-    if name == "plan_graph":
-        from .planner import plan
+    module, attr = _LAZY[name]
+    return getattr(importlib.import_module(f".{module}", __name__), attr)
 
-        return plan
-    if name == "profile_graph":
-        from .profile.profiler import profile
-
-        return profile
-    if name == "simulate_plan":
-        from .checks.simulate import simulate
-
-        return simulate
-    if name == "validate_plan":
-        from .checks.validate import validate
-
-        return validate
-    raise AttributeError(f"module 'autotm' has no attribute {name!r}")
 
 __version__ = "0.1.0"
 
