@@ -426,7 +426,7 @@ def test_signatures_differing_only_in_stride_or_padding_are_separate_entries(tin
 
 CHILD = TINY_SOURCE + textwrap.dedent('''
     import sys, time
-    from autotm.profile import profile, environment
+    from autotm.profile.profiler import profile, environment
     from autotm.profile.cache import environment_key
     from autotm.tiers import make_memory_system
     g, inputs = tiny_graph()
