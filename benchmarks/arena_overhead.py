@@ -61,13 +61,14 @@ def one(model: str, session: str, preset: str, iterations: int, cache: str) -> d
     from autotm.ir.plan import all_fast_plan
     from autotm.planner import laid_out
     from autotm.profile.profiler import profile_workload
+    from autotm.runtime.overhead import measure_executor_overhead
     from autotm.tiers import make_memory_system
     from autotm.checks.validate import validate
     from autotm.zoo import workload
 
     w = workload(model, preset)
     with make_memory_system("cpu+file") as memory:
-        graph, cm, _ = profile_workload(w, "cpu+file", cache)
+        graph, cm, _ = profile_workload(w, "cpu+file", cache, measure_overhead=measure_executor_overhead)
         heap_before = glibc_heap()
         plan = all_fast_plan(graph)
         if session == "arena":

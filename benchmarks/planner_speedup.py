@@ -44,6 +44,7 @@ from _child import ChildFailed, emit, run_child
 from autotm.api import run_workload
 from autotm.planner import InfeasibleBudget, plan
 from autotm.profile.profiler import profile_workload
+from autotm.runtime.overhead import measure_executor_overhead
 from autotm.tiers import make_memory_system
 from autotm.zoo import workload
 
@@ -55,7 +56,7 @@ def _child(args) -> None:
     model, ratio, planner = args.child
     w = workload(model, args.preset)
     with make_memory_system("cpu+file") as ms:
-        graph, cm, _ = profile_workload(w, "cpu+file", args.cache)
+        graph, cm, _ = profile_workload(w, "cpu+file", args.cache, measure_overhead=measure_executor_overhead)
         base = planner[:-1] if planner.endswith("*") else planner[:-len("-heap")] if planner.endswith("-heap") else planner
         try:
             p = plan(graph, cm, None if base == "all-fast" else ratio, base, pin_params=args.pin_params,

@@ -57,6 +57,7 @@ from autotm.profile.pace import pace_probe_seconds
 from autotm.ir.plan import all_fast_plan, evict_all_activations_plan
 from autotm.planner import laid_out
 from autotm.profile.profiler import capture_real, profile
+from autotm.runtime.overhead import measure_executor_overhead
 from autotm.interpret.replay import TrainingState
 from autotm.checks.simulate import simulate
 from autotm.tiers import make_memory_system
@@ -115,7 +116,8 @@ def main() -> None:
             # (one cache for all cases timed the moves once, minutes before the last case ran,
             # and this disk's speed drifts by up to 20 % over minutes)
             cache = a.cache or os.path.join(a.cache_dir or tmp.name, f"{preset}-{name}.sqlite")
-            cm, pstats = profile(graph, memory, cache, inputs=inputs, return_stats=True)
+            cm, pstats = profile(graph, memory, cache, inputs=inputs, return_stats=True,
+                                 measure_overhead=measure_executor_overhead)
             t_prof = time.perf_counter() - t0
             if cm.executor_overhead:
                 o = cm.executor_overhead
@@ -185,7 +187,7 @@ def main() -> None:
                 again = os.path.join(tmp.name, f"{preset}-{name}.again.sqlite")
                 model = w.build_model()
                 inputs = TrainingState(graph, model, w.make_optimizer(model.parameters())).inputs(batch)
-                cm2 = profile(graph, memory, again, inputs=inputs)
+                cm2 = profile(graph, memory, again, inputs=inputs, measure_overhead=measure_executor_overhead)
                 del model, inputs
                 for row, plan in case_plans:
                     row["predicted_again_s"] = p2 = simulate(plan, graph, cm2).predicted_seconds

@@ -21,6 +21,7 @@ import time
 import torch
 
 from autotm.profile.profiler import capture_real, profile
+from autotm.runtime.overhead import measure_executor_overhead
 from autotm.zoo import workload
 
 
@@ -51,7 +52,8 @@ def main() -> None:
             path = os.path.join(a.keep_cache or d, f"{name}.sqlite")
             if os.path.exists(path):
                 raise SystemExit(f"{path} exists: the benchmark profiles from an empty cache")
-            cm, st = profile(graph, a.memory, path, inputs=inputs, return_stats=True)
+            cm, st = profile(graph, a.memory, path, inputs=inputs, return_stats=True,
+                            measure_overhead=measure_executor_overhead)
         rows.append({"workload": w.name, "kernels": len(graph.kernels), "unique_kernels": graph.unique_signatures,
                      "measured": st.measured, "move_samples": st.move_samples_measured,
                      "capture_s": round(t_capture, 1), "profile_s": round(st.seconds, 1),

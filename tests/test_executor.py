@@ -188,7 +188,7 @@ def test_state_carried_in_slow_memory_trains_bit_identically(memory):
 
 _HEAP_CHILD = r"""
 import ctypes, json, torch
-from autotm.runtime.executor import keep_freed_memory, large_blocks_mapped
+from autotm.tiers.host_heap import keep_freed_memory, large_blocks_mapped
 class MI(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                                "fsmblks", "uordblks", "fordblks", "keepcost")]

@@ -38,6 +38,7 @@ from autotm.profile.profiler import (
     spec_names,
     time_call,
 )
+from autotm.runtime.overhead import measure_executor_overhead
 from autotm.profile.cache import SCHEMA_VERSION, CacheWarning, ProfileCache, environment_key
 from autotm.checks.simulate import simulate
 from autotm.tiers import make_memory_system
@@ -260,7 +261,11 @@ def test_the_executors_overhead_is_measured_once_and_added_to_every_move(tiny, m
     path = tmp_path / "c.sqlite"
     bare = profile(g, memory, path, inputs=inputs, executor_overhead=False, **SMALL_MOVES)
     assert bare.executor_overhead == {}
-    cm, st = profile(g, memory, path, inputs=inputs, return_stats=True, **SMALL_MOVES)
+    # without the calibration (the runtime's, passed in), an uncached overhead is left out
+    unmeasured = profile(g, memory, path, inputs=inputs, **SMALL_MOVES)
+    assert unmeasured.executor_overhead == {} and unmeasured == bare
+    cm, st = profile(g, memory, path, inputs=inputs, return_stats=True, measure_overhead=measure_executor_overhead,
+                     **SMALL_MOVES)
     assert st.overhead_measured and not st.nothing_new and "executor's overheads" in st.message()
     o = cm.executor_overhead
     assert set(o) == {"kernel_s", "sync_move_s", "async_move_s"} and o["async_move_s"] == o["sync_move_s"]
@@ -281,10 +286,12 @@ def test_the_executors_overhead_is_measured_once_and_added_to_every_move(tiny, m
     assert simulate(plan, g, cm).predicted_seconds == pytest.approx(
         simulate(plan, g, bare).predicted_seconds + n_moves * o["sync_move_s"] + len(g.kernels) * o["kernel_s"])
     assert CostModel.from_json(cm.to_json()) == cm
-    # measured once per environment: cached, and measured again only with recache
+    # measured once per environment: cached (used without the calibration at hand), and
+    # measured again only with recache
     again, st2 = profile(g, memory, path, inputs=inputs, return_stats=True, **SMALL_MOVES)
     assert st2.nothing_new and not st2.overhead_measured and again == cm
-    _, st3 = profile(g, memory, path, inputs=inputs, return_stats=True, recache=True, **SMALL_MOVES)
+    _, st3 = profile(g, memory, path, inputs=inputs, return_stats=True, recache=True,
+                     measure_overhead=measure_executor_overhead, **SMALL_MOVES)
     assert st3.overhead_measured
 
 

@@ -22,7 +22,7 @@ from .runtime.executor import ExecutorSession, RunReport, SessionFailed
 from .frontend.optim_lowering import live_groups
 from .planner import plan as make_plan
 from .interpret.replay import TrainingState, check_batch
-from .tiers.base import MemorySystem, SlowHandle, make_memory_system
+from .tiers import MemorySystem, SlowHandle, make_memory_system
 
 
 # progress(stage, done, total, what): stage is "capture", "profile", "plan" or "session";
@@ -77,6 +77,7 @@ class CompiledStep:
                  cache=None, slow_dir: str | None = None, progress: bool | CompileProgress | None = None,
                  **plan_options):
         from .profile.profiler import profile
+        from .runtime.overhead import measure_executor_overhead
 
         report = _StderrProgress() if progress is True else (progress or None)
         self.stage_seconds: dict[str, float] = {}
@@ -117,6 +118,7 @@ class CompiledStep:
                 stage("profile", f"{len(self.graph.kernels)} kernels on {self.memory.name}")
                 self.cost_model, self.profile_stats = profile(
                     self.graph, self.memory, cache, inputs=inputs, return_stats=True,
+                    measure_overhead=measure_executor_overhead,
                     progress=None if report is None else lambda d, n, w: report("profile", d, n, w))
                 del inputs
                 finished("profile")

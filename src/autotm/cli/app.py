@@ -105,8 +105,10 @@ def profile(
 ) -> None:
     """Time every unique kernel and the moves of a memory system, into the profile cache."""
     from ..profile.profiler import profile_command
+    from ..runtime.overhead import measure_executor_overhead
 
-    profile_command(models, preset, batch, image, memory, cache, recache, as_json)
+    profile_command(models, preset, batch, image, memory, cache, recache, as_json,
+                    measure_overhead=measure_executor_overhead)
 
 
 def _plan_options(window, time_limit, mip_gap, pin_params):
@@ -130,6 +132,7 @@ PIN_OPT = typer.Option(False, "--pin-params", help="Keep weights, optimizer stat
 def _prepare(model, preset, batch, image, memory, cache, budget=None, formulation="all-fast", pin_params=False):
     from ..planner.floor import check_before_profile
     from ..profile.profiler import profile_workload
+    from ..runtime.overhead import measure_executor_overhead
 
     w = _workload(model, preset, batch, image)
 
@@ -142,7 +145,8 @@ def _prepare(model, preset, batch, image, memory, cache, budget=None, formulatio
 
         make_memory_system(memory).close()  # (it exists, its slow directory is writable: before the capture)
     with console.status(f"capturing and profiling {w.name} on {memory} ...", spinner="dots"):
-        graph, cm, _ = profile_workload(w, memory, cache, before_profile=check)
+        graph, cm, _ = profile_workload(w, memory, cache, before_profile=check,
+                                        measure_overhead=measure_executor_overhead)
     return w, graph, cm
 
 

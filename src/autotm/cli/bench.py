@@ -184,13 +184,14 @@ def timeline(
     from ..experiments import plots
     from ..planner import plan as make_plan
     from ..profile.profiler import profile_workload
+    from ..runtime.overhead import measure_executor_overhead
     from ..zoo import workload
 
     if preset is None and (batch is None or image is None):
         preset = "test"
     w = workload(model, preset, batch=batch, image=image)
     with err_console.status(f"capturing, profiling and planning {w.name} on {memory} ...", spinner="dots"):
-        graph, cm, _ = profile_workload(w, memory, cache)
+        graph, cm, _ = profile_workload(w, memory, cache, measure_overhead=measure_executor_overhead)
         p = make_plan(graph, cm, None if formulation == "all-fast" else budget, formulation,
                       time_limit=time_limit, window=window, pin_params=pin_params)
     for path in plots.timeline(p, graph, out, budget_label=budget):

@@ -381,6 +381,7 @@ def run_cells(cells: Sequence[Cell], store: ResultsStore, opts: SweepOptions, *,
         TimeRemainingColumn
 
     from ..profile.profiler import profile_workload
+    from ..runtime.overhead import measure_executor_overhead
 
     console = console or Console(stderr=True)
     done = store.done_keys()
@@ -401,7 +402,7 @@ def run_cells(cells: Sequence[Cell], store: ResultsStore, opts: SweepOptions, *,
             bar.update(task, description=f"{w.name} on {memory}: capturing and profiling")
             t0 = time.perf_counter()
             try:
-                graph, cm, _ = profile_workload(w, memory, opts.cache)
+                graph, cm, _ = profile_workload(w, memory, opts.cache, measure_overhead=measure_executor_overhead)
                 ctx = _Workload(w, memory, graph, cm)
             except (KeyboardInterrupt, SystemExit):
                 raise

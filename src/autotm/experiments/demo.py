@@ -26,6 +26,7 @@ def run_demo(console: Console, *, model: str = "resnet50", budget: str = "4:1", 
     from ..api import run_workload
     from ..planner import plan as make_plan
     from ..profile.profiler import capture_real, profile
+    from ..runtime.overhead import measure_executor_overhead
     from ..tiers import cpu_arena, make_memory_system
     from ..runtime.verify import eager_reference
     from ..zoo import workload
@@ -50,7 +51,8 @@ def run_demo(console: Console, *, model: str = "resnet50", budget: str = "4:1", 
         with console.status("building the CPU arena allocator (first run only) ...", spinner="dots"):
             builder.join()
     with console.status("profiling ...", spinner="dots"):
-        cm, stats = profile(graph, "cpu+file", None, inputs=inputs, return_stats=True)
+        cm, stats = profile(graph, "cpu+file", None, inputs=inputs, return_stats=True,
+                            measure_overhead=measure_executor_overhead)
         del inputs
     console.print(f"captured {len(graph.kernels):,} kernels ({graph.unique_signatures} unique), peak "
                   f"{_mib(graph.peak_live_bytes)}; profile: {stats.message()}")

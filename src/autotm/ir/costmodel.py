@@ -47,6 +47,7 @@ Produced by `autotm.profile.profile` (measured on a real memory system) or by
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -87,6 +88,23 @@ class MoveCost:
         i = bisect.bisect_left(pts, (nbytes, -1.0))
         (n0, t0), (n1, t1) = pts[i - 1], pts[i]
         return t0 + (t1 - t0) * (nbytes - n0) / (n1 - n0)
+
+
+@dataclass(frozen=True)
+class ExecutorOverhead:
+    """The executor's own seconds around the kernels' and moves' calls, measured on a
+    calibration graph (runtime/overhead.py); the profiler adds them to the kernels and
+    moves of host-timed tiers (``CostModel.executor_overhead`` holds them as a dict)."""
+
+    kernel_s: float = 0.0  # per kernel
+    sync_move_s: float = 0.0  # per sync evict or prefetch
+    async_move_s: float = 0.0  # per async evict or prefetch, on the compute thread (= sync_move_s)
+
+    def as_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+EXECUTOR_OVERHEAD_NAMES = ("kernel_s", "sync_move_s", "async_move_s")  # the profile cache's value names (prefixed)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from ..ir.graph import TrainingGraph
 from ..ir.plan import Plan
 from ..checks.simulate import simulate
 from ..checks.validate import validate
-from ..tiers.base import PAGE
+from ..ir.layout import PAGE
 from .arena import with_arena
 from .baselines import all_fast, first_touch_plan, lru_plan
 from .direct import solve_direct

@@ -32,14 +32,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir.graph import TrainingGraph
+from ..ir.layout import LARGE_BLOCK_BYTES, TEMPORARY_MIN_BYTES
 from ..ir.plan import Plan
 from ..checks.validate import FastBlock, validate
 
 ALIGNMENT = 64
-LARGE_BLOCK_BYTES = 64 << 10
-# Kernels' temporaries of at least this size go to free pages of the arena at run time
-# (tiers/cpu_arena.py); a kernel's workspace this large gets its own range in the layout.
-TEMPORARY_MIN_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)

@@ -87,13 +87,15 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from ..ir.costmodel import DIRECTIONS, HOST, MOVE_MODES, PAIR, SLOWDOWN, CostModel, MoveCost, operand_tensors
+from ..ir.costmodel import DIRECTIONS, EXECUTOR_OVERHEAD_NAMES as OVERHEAD_NAMES, HOST, MOVE_MODES, PAIR, SLOWDOWN, \
+    CostModel, ExecutorOverhead, MoveCost, operand_tensors
 from ..ir.graph import Role, TrainingGraph
-from ..runtime.overhead import NAMES as OVERHEAD_NAMES, ExecutorOverhead, measure_executor_overhead
 from .pace import PaceCheck, probe_pace, settle_pace
 from .cache import ProfileCache
 from ..interpret.replay import Replay
+from ..ir.layout import LARGE_BLOCK_BYTES
 from ..tiers import cpu_arena
+from ..tiers.host_heap import keep_freed_memory, large_blocks_mapped
 
 log = logging.getLogger("autotm.profile")
 
@@ -143,6 +145,9 @@ WAKE_ROLES = ("cold", "second", "warm")
 MAX_EXHAUSTIVE_OPERANDS = 4
 
 Progress = Callable[[int, int, str], None]  # (done, total, what)
+# (memory system, cost_model_of) -> the executor's overheads: runtime.overhead.measure_executor_overhead
+MeasureOverhead = Callable[[Any, Callable[[TrainingGraph, Mapping[int, torch.Tensor]],
+                                          tuple[CostModel, list[float]]]], ExecutorOverhead]
 
 
 @dataclass
@@ -787,8 +792,6 @@ class _MoveSlots:
     huge-page memory, 480 us."""
 
     def __init__(self, largest: int):
-        from ..planner.arena import LARGE_BLOCK_BYTES
-
         self.min_bytes = LARGE_BLOCK_BYTES
         self.region_bytes = -(-(largest + cpu_arena.HUGE_PAGE) // cpu_arena.HUGE_PAGE) * cpu_arena.HUGE_PAGE
         self.arena = cpu_arena.CpuArena(4 * self.region_bytes)
@@ -1004,7 +1007,8 @@ def profile(graph: TrainingGraph, memory_system, cache: ProfileCache | str | os.
             inputs: Mapping[int, torch.Tensor] | None = None, recache: bool = False,
             progress: Progress | None = None, return_stats: bool = False,
             move_sizes: tuple[int, ...] = MOVE_SIZES, move_repeats: int = MOVE_REPEATS,
-            wake_rounds: int = WAKE_ROUNDS, executor_overhead: bool = True):
+            wake_rounds: int = WAKE_ROUNDS, executor_overhead: bool = True,
+            measure_overhead: MeasureOverhead | None = None):
     """Profile `graph` on `memory_system` and return its CostModel.
 
     Args:
@@ -1024,6 +1028,10 @@ def profile(graph: TrainingGraph, memory_system, cache: ProfileCache | str | os.
         executor_overhead: add the executor's own seconds per kernel and per sync move
             (autotm.overhead: measured once per environment on a calibration graph and
             cached; host-timed memory systems only). False: the kernels' and moves' calls alone.
+        measure_overhead: runs that calibration where the cache has no overheads for this
+            environment (autotm.runtime.overhead.measure_executor_overhead: it runs the
+            executor, a later stage, so the caller passes it); None: uncached overheads
+            are left out.
     """
     if isinstance(memory_system, str) and memory_system.startswith("sim:"):
         cm, stats = _profile_sim(graph, memory_system, cache, recache=recache)
@@ -1036,7 +1044,8 @@ def profile(graph: TrainingGraph, memory_system, cache: ProfileCache | str | os.
     db, owned_db = _open_cache(cache)
     try:
         opts = dict(inputs=inputs, recache=recache, progress=progress, move_sizes=tuple(move_sizes),
-                    move_repeats=move_repeats, wake_rounds=wake_rounds, executor_overhead=executor_overhead)
+                    move_repeats=move_repeats, wake_rounds=wake_rounds, executor_overhead=executor_overhead,
+                    measure_overhead=measure_overhead)
         try:  # everything in the cache: nothing to wait for
             cm, stats = _profile_real(graph, memory_system, db, measure=False, **opts)
             must_measure = False
@@ -1072,12 +1081,10 @@ class _MustMeasure(Exception):
 
 
 def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes, move_repeats, wake_rounds,
-                  executor_overhead=True, recache_moves=None, measure=True):
+                  executor_overhead=True, measure_overhead=None, recache_moves=None, measure=True):
     if graph.fake:
         raise ValueError(f"graph {graph.name} was captured on fake tensors: it cannot be timed on "
                          f"{memory.name}; capture it on real tensors, or profile on a sim:<spec> system")
-    from ..runtime.executor import keep_freed_memory
-
     # the executor's allocator policy, so kernels are timed as it runs them: their outputs
     # land in reused heap memory, not in fresh pages that fault in on every call
     keep_freed_memory()
@@ -1130,9 +1137,10 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
         overhead_on = executor_overhead and getattr(memory, "move_seconds", None) is None and (
             device is None or torch.device(device).type == "cpu")
         overhead = None if recache or not overhead_on else cached_overhead(db, env)
+        measure_on = overhead_on and overhead is None and measure_overhead is not None
         if not measure:
             pos_cached = None if recache else db.position_samples(env, graph.fingerprint)
-            if (recache or need or batch_jobs or wake_on or (overhead_on and overhead is None)
+            if (recache or need or batch_jobs or wake_on or measure_on
                     or pos_cached is None or len(pos_cached) != len(graph.kernels) or not all(pos_cached)
                     or moves_missing(memory, db, env, move_sizes, move_repeats)):
                 raise _MustMeasure
@@ -1143,7 +1151,7 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
             db, env, recache=recache)
         stats.add_seconds("pace", time.perf_counter() - t_part)
         total = (len(need) + sum(len(v) for v in batch_jobs.values()) + n_move + n_wake
-                 + int(overhead_on and overhead is None))
+                 + int(measure_on))
         done = [0]
 
         def tick(what: str) -> None:
@@ -1264,7 +1272,7 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
         if interp is not None:
             insitu_window(2)
             del interp
-        if overhead_on and overhead is None:
+        if measure_on:
             def calibration_model(g, g_inputs):
                 # this cache and environment; with recache, its kernels timed again, not the moves
                 g_cm = _profile_real(g, memory, db, inputs=g_inputs, recache=recache, progress=None,
@@ -1272,7 +1280,7 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
                                      executor_overhead=False, recache_moves=False)[0]
                 return g_cm, [statistics.median(x) for x in db.position_samples(env, g.fingerprint)]
             t_part = time.perf_counter()
-            overhead = measure_executor_overhead(memory, calibration_model)
+            overhead = measure_overhead(memory, calibration_model)
             put_overhead(db, env, overhead)
             stats.add_seconds("overhead", time.perf_counter() - t_part)
             stats.overhead_measured = True
@@ -1490,7 +1498,6 @@ def _profile_sim(graph, name, cache, *, recache):
 def capture_real(w, seed: int = 0):
     """Capture workload `w` on real tensors: (graph, model, optimizer, batch, inputs)."""
     from ..frontend.capture import capture
-    from ..runtime.executor import large_blocks_mapped
     from ..interpret.replay import TrainingState
 
     model = w.build_model(seed=seed)
@@ -1505,7 +1512,8 @@ def capture_real(w, seed: int = 0):
 
 
 def profile_workload(w, memory: str = "cpu+file", cache=None, *, recache: bool = False,
-                     progress: Progress | None = None, before_profile=None):
+                     progress: Progress | None = None, before_profile=None,
+                     measure_overhead: MeasureOverhead | None = None):
     """Capture `w` (fake for sim:<spec>, real otherwise) and profile it: (graph, CostModel, ProfileStats).
     `before_profile(graph)` runs between the two (a budget checked before minutes of profile)."""
     if memory.startswith("sim:"):
@@ -1521,13 +1529,14 @@ def profile_workload(w, memory: str = "cpu+file", cache=None, *, recache: bool =
     if before_profile is not None:
         before_profile(graph)
     cm, stats = profile(graph, memory, cache, inputs=inputs, recache=recache, progress=progress,
-                        return_stats=True)
+                        return_stats=True, measure_overhead=measure_overhead)
     return graph, cm, stats
 
 
 def profile_command(models: list[str], preset: str | None = None, batch: int | None = None,
                     image: int | None = None, memory: str = "cpu+file", cache: str | None = None,
-                    recache: bool = False, as_json: bool = False) -> list[dict]:
+                    recache: bool = False, as_json: bool = False,
+                    measure_overhead: MeasureOverhead | None = None) -> list[dict]:
     """`autotm profile`: profile each model's workload on `memory`, with a progress bar
     (kernel timings done / total, ETA) and a summary table; or JSON on stdout (the bar then
     goes to stderr). Returns the summary rows."""
@@ -1554,7 +1563,8 @@ def profile_command(models: list[str], preset: str | None = None, batch: int | N
                 bar.update(task, completed=done, total=total, what=what[:40])
 
             t0 = time.perf_counter()
-            graph, cm, stats = profile_workload(w, memory, cache, recache=recache, progress=progress)
+            graph, cm, stats = profile_workload(w, memory, cache, recache=recache, progress=progress,
+                                                measure_overhead=measure_overhead)
             bar.update(task, what="done", completed=bar.tasks[0].total or 0)
         rows.append({
             "workload": w.name, "memory_system": cm.memory_system, "access": cm.access,

@@ -49,26 +49,16 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from ..ir.costmodel import ExecutorOverhead
 
 # the calibration MLP: layers of WIDTH x WIDTH, BATCH rows (activations of 32 KiB, small
 # moves as the test preset's); ~400 kernels, and ~100 moves an iteration of the evict plan
 WIDTH, LAYERS, BATCH = 256, 32, 32
 WARMUP, ROUNDS = 2, 20  # iterations of each plan: untimed, then timed (alternating plans)
-NAMES = ("kernel_s", "sync_move_s", "async_move_s")  # the cache's value names (prefixed)
-
-
-@dataclass(frozen=True)
-class ExecutorOverhead:
-    kernel_s: float = 0.0  # per kernel
-    sync_move_s: float = 0.0  # per sync evict or prefetch
-    async_move_s: float = 0.0  # per async evict or prefetch, on the compute thread (= sync_move_s)
-
-    def as_dict(self) -> dict[str, float]:
-        return dataclasses.asdict(self)
 
 
 def _model() -> nn.Module:
