@@ -4,6 +4,8 @@ The pipeline: capture -> TrainingGraph -> profile -> CostModel -> plan -> valida
 execute -> RunReport. See README.md.
 """
 
+from typing import Any
+
 from .errors import AutotmError, CaptureError, GraphError, InfeasibleBudget, ReplayError
 
 # Every other name loads on first use, so `import autotm` (and `import autotm.ir`) loads no torch.
@@ -25,7 +27,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'autotm' has no attribute {name!r}")
     import importlib

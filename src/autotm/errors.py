@@ -1,8 +1,15 @@
-"""Errors autotm raises on purpose. The CLI prints these as one line (no traceback)."""
+"""Errors autotm raises on purpose: one AutotmError per problem a user can cause and act on.
+The CLI prints these as one line (no traceback); any other exception is a bug and shows
+its traceback. Each module that raises one re-exports it where it was defined before."""
 
 
 class AutotmError(Exception):
     """Base class: a problem the user can act on."""
+
+
+class InputError(AutotmError, ValueError):
+    """A value the user gave is not valid (model, preset, size, budget, formulation, memory
+    system, tier spec, option, file); the message names it and the valid choices."""
 
 
 class GraphError(AutotmError):
@@ -36,3 +43,28 @@ class InfeasibleBudget(AutotmError, ValueError):
 class StateChanged(AutotmError):
     """Training state was changed between compiled steps in a way the compiled step cannot
     follow exactly (names what changed: a hyperparameter, a parameter, the mode)."""
+
+
+class PlanError(AutotmError):
+    """A plan is malformed, made for another graph, or breaks a rule of the timeline."""
+
+
+class SolverTimeout(AutotmError, TimeoutError):
+    """The solver found no plan within its time limit."""
+
+
+class TierError(AutotmError):
+    """A memory tier cannot do what was asked (slow directory unusable, disk or capacity
+    full, unsupported machine, misuse of a handle). The message says what to change."""
+
+
+class BudgetExceeded(AutotmError):
+    """The runtime held more fast-tier bytes than the budget allows."""
+
+
+class SessionFailed(AutotmError):
+    """An iteration of this session failed or was interrupted: it has nothing to report."""
+
+
+class NothingToPlot(AutotmError, ValueError):
+    """The records hold no finished run a figure needs."""

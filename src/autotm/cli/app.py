@@ -15,6 +15,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ..errors import InputError
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -114,11 +116,11 @@ def profile(
 def _plan_options(window, time_limit, mip_gap, pin_params):
     """The planner's options, refused before any work when out of range."""
     if window < 0:
-        raise ValueError(f"--window must be 0 or more, not {window}")
+        raise InputError(f"--window must be 0 or more, not {window}")
     if not time_limit > 0:
-        raise ValueError(f"--time-limit must be a positive number of seconds, not {time_limit}")
+        raise InputError(f"--time-limit must be a positive number of seconds, not {time_limit}")
     if not 0 <= mip_gap < 1:
-        raise ValueError(f"--mip-gap must be at least 0 and below 1, not {mip_gap}")
+        raise InputError(f"--mip-gap must be at least 0 and below 1, not {mip_gap}")
     return dict(window=window, time_limit=time_limit, mip_gap=mip_gap, pin_params=pin_params)
 
 
@@ -171,7 +173,7 @@ def _check_budget(budget: str | None, formulation: str) -> None:
     from ..ir.budget import is_minimum, parse_budget
 
     if budget is None and formulation != "all-fast":
-        raise ValueError("a budget is needed: --budget 6GB, 512MiB or a slow:fast ratio such as 4:1")
+        raise InputError("a budget is needed: --budget 6GB, 512MiB or a slow:fast ratio such as 4:1")
     if budget is not None and not is_minimum(budget):
         parse_budget(budget, 1)  # a ratio's bytes come later, from the graph's peak
 
@@ -268,10 +270,10 @@ def run(
     from ..tiers import make_memory_system
 
     if memory.startswith("sim:"):
-        raise ValueError(f"{memory} is hypothetical hardware: use `autotm plan` to simulate it; run needs a real memory system")
+        raise InputError(f"{memory} is hypothetical hardware: use `autotm plan` to simulate it; run needs a real memory system")
     _check_budget(budget, formulation)
     if iterations < 1:
-        raise ValueError("--iterations must be at least 1")
+        raise InputError("--iterations must be at least 1")
     options = _plan_options(window, time_limit, mip_gap, pin_params)
     w, graph, cm = _prepare(model, preset, batch, image, memory, cache, budget, formulation, pin_params)
     p = make_plan(graph, cm, budget, formulation, **options)
@@ -351,7 +353,7 @@ def main() -> None:
         if code == 130:  # (typer turns a Ctrl-C into this code, silently)
             err_console.print("interrupted (Ctrl-C)", highlight=False)
         sys.exit(code if isinstance(code, int) else 0)
-    except (AutotmError, ValueError) as e:
+    except AutotmError as e:  # a user error: one line; anything else is a bug, with its traceback
         if _Options.debug:
             raise
         err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)

@@ -13,6 +13,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ..errors import InputError
+
 bench_app = typer.Typer(no_args_is_help=True, help="Run the paper's experiments; one JSON Lines record per run.")
 plot_app = typer.Typer(no_args_is_help=True, help="Figures 7-12 and memory timelines from the bench records.")
 console = Console()
@@ -41,7 +43,7 @@ def _sweep(experiment: str, out: str, memory: Optional[str], models, formulation
     from ..experiments import bench
 
     if iterations < 1:
-        raise ValueError("--iterations must be at least 1")
+        raise InputError("--iterations must be at least 1")
     kw = dict(models=models, formulations=formulations, ratios=ratios, preset=preset, pin_params=pin_params)
     if memory is not None:
         kw["memory"] = memory
@@ -130,7 +132,7 @@ def _records(out: str, experiment: str, results: Optional[str]):
     paths = parse_list(results) or [store_for(out, experiment).path]
     for p in paths:
         if not Path(p).exists():
-            raise ValueError(f"no records at {p}: run `autotm bench {experiment} --out {out}` first")
+            raise InputError(f"no records at {p}: run `autotm bench {experiment} --out {out}` first")
     return load_records(paths)
 
 

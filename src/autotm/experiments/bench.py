@@ -28,6 +28,7 @@ from typing import Callable, Iterable, Sequence
 
 from ..ir.budget import COMMON_RATIOS, is_ratio, parse_budget
 from .results import Record, ResultsStore, cell_key, environment, git_commit, now
+from ..errors import InputError
 
 CONVENTIONAL_MODELS = ("vgg19", "resnet200", "inception_v4", "densenet264")
 LARGE_MODELS = ("vgg416", "inception_v4", "resnet200", "densenet264")
@@ -66,7 +67,7 @@ def access_of(memory: str) -> str:
         return "direct"
     if memory in staged:
         return "staged"
-    raise ValueError(f"unknown memory system {memory!r}: cpu+file, cpu+mmap, cpu+numa, cuda+host or sim:SPEC")
+    raise InputError(f"unknown memory system {memory!r}: cpu+file, cpu+mmap, cpu+numa, cuda+host or sim:SPEC")
 
 
 def default_formulations(experiment: str, memory: str) -> tuple[str, ...]:
@@ -148,12 +149,12 @@ def make_cells(experiment: str, models: Iterable[str], formulations: Iterable[st
     formulations, budgets = list(formulations), list(budgets)
     for f in formulations:
         if f not in FORMULATIONS + BASELINES + ("save-on-cpu",):
-            raise ValueError(f"unknown formulation {f!r}; choose from "
+            raise InputError(f"unknown formulation {f!r}; choose from "
                              f"{', '.join(FORMULATIONS + BASELINES + ('save-on-cpu',))}")
     cells = []
     for model in models:
         if model not in MODELS:
-            raise ValueError(f"unknown model {model!r}; choose from {', '.join(MODELS)}")
+            raise InputError(f"unknown model {model!r}; choose from {', '.join(MODELS)}")
         sizes = preset_sizes(model, preset)
         for batch, image in sizes if all_sizes else sizes[:1]:
             for f in formulations:
@@ -444,7 +445,7 @@ def _require_cuda() -> None:
     import torch
 
     if not torch.cuda.is_available():
-        raise ValueError("cuda+host needs a CUDA GPU (torch.cuda.is_available() is False on this machine); "
+        raise InputError("cuda+host needs a CUDA GPU (torch.cuda.is_available() is False on this machine); "
                          "use a sim: spec such as sim:pcie-host to plan and simulate the GPU workloads")
 
 

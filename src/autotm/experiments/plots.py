@@ -20,6 +20,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from .bench import BUDGET_FREE
+from ..errors import NothingToPlot
 from .results import Record
 
 log = logging.getLogger("autotm.plots")
@@ -35,10 +36,6 @@ LABELS = {"static": "static (AutoTM)", "synchronous": "sync (AutoTM)", "asynchro
 ROLE_COLORS = {"weight": "#1f77b4", "buffer": "#aec7e8", "optimizer_state": "#9467bd", "scalar": "#c5b0d5",
                "constant": "#c7c7c7", "input": "#8c564b", "activation": "#2ca02c", "gradient": "#ff7f0e",
                "update": "#bcbd22", "output": "#d62728"}
-
-
-class NothingToPlot(ValueError):
-    """The records hold no finished run a figure needs."""
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -239,7 +236,7 @@ def speedup_figure(records: Sequence[Record], memory: str):
                 ax.bar(x, s, width, color=COLORS[f], label=_label(f))
         if fast is not None:
             line = d.setdefault("all-fast", {})
-            for i, ratio in enumerate(ratios):
+            for ratio in ratios:
                 base = _find(ok, wl, base_name) if direct else _find(ok, wl, base_name, ratio)
                 if base is not None:
                     line[ratio] = base.seconds / fast.seconds

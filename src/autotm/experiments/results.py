@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..errors import InputError
+
 log = logging.getLogger("autotm.results")
 
 # Statuses a cell does not need to be run again for; "error" cells are retried.
@@ -185,7 +187,7 @@ class ResultsStore:
                 if i == len(lines) - 1:  # no newline after it: the write was cut off
                     log.warning("%s: skipping a truncated last line (%s)", self.path, e)
                     continue
-                raise ValueError(f"{self.path}:{i + 1}: not a results record: {e}") from None
+                raise InputError(f"{self.path}:{i + 1}: not a results record: {e}") from None
         return out
 
     def latest(self) -> list[Record]:

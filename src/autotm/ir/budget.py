@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+from ..errors import InputError
+
 COMMON_RATIOS = ("1:0", "8:1", "4:1", "1:1", "0:1")
 
 _UNITS = {
@@ -24,35 +26,35 @@ def parse_ratio(text: str) -> Fraction | None:
     """'4:1' -> 4 (slow per fast); '1:0' -> None meaning all slow (infinite ratio)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*:\s*(\d+(?:\.\d+)?)\s*", text)
     if not m:
-        raise ValueError(f"not a slow:fast ratio: {text!r} (expected e.g. 4:1)")
+        raise InputError(f"not a slow:fast ratio: {text!r} (expected e.g. 4:1)")
     slow, fast = Fraction(m.group(1)), Fraction(m.group(2))
     if slow == 0 and fast == 0:
-        raise ValueError("ratio 0:0 is meaningless")
+        raise InputError("ratio 0:0 is meaningless")
     return None if fast == 0 else slow / fast
 
 
 MINIMUM = "min"  # the smallest budget the planner finds a plan at (planner/floor.py)
 
 
-def is_minimum(budget) -> bool:
+def is_minimum(budget: object) -> bool:
     return isinstance(budget, str) and budget.strip().lower() == MINIMUM
 
 
-def is_ratio(text) -> bool:
+def is_ratio(text: object) -> bool:
     return isinstance(text, str) and ":" in text
 
 
-def parse_budget(budget, peak_live_bytes: int) -> int:
+def parse_budget(budget: object, peak_live_bytes: int) -> int:
     """Bytes of fast memory for `budget`: an int, a size string or a slow:fast ratio."""
     if budget is None:
-        raise ValueError("a budget is needed: bytes (e.g. 6GB, 512MiB) or a slow:fast ratio (e.g. 4:1)")
+        raise InputError("a budget is needed: bytes (e.g. 6GB, 512MiB) or a slow:fast ratio (e.g. 4:1)")
     if isinstance(budget, bool):
-        raise ValueError(f"not a budget: {budget!r}")
+        raise InputError(f"not a budget: {budget!r}")
     if is_minimum(budget):
-        raise ValueError("budget 'min' is the planner's smallest feasible budget: only plan() knows it")
+        raise InputError("budget 'min' is the planner's smallest feasible budget: only plan() knows it")
     if isinstance(budget, int):
         if budget < 0:
-            raise ValueError(f"budget must be non-negative, got {budget}")
+            raise InputError(f"budget must be non-negative, got {budget}")
         return budget
     text = str(budget).strip()
     if is_ratio(text):
@@ -60,5 +62,5 @@ def parse_budget(budget, peak_live_bytes: int) -> int:
         return 0 if r is None else int(Fraction(peak_live_bytes) / (r + 1))
     m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-zA-Z]*)", text)
     if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"not a budget: {text!r} (use bytes like 6GB, 512MiB, 1048576, a ratio like 4:1, or min)")
+        raise InputError(f"not a budget: {text!r} (use bytes like 6GB, 512MiB, 1048576, a ratio like 4:1, or min)")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])

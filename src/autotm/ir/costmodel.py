@@ -54,6 +54,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ..errors import InputError
+
 COSTMODEL_VERSION = 1
 DIRECTIONS = ("to_slow", "to_fast")
 MOVE_MODES = ("sync", "async")
@@ -118,18 +120,18 @@ class CostModel:
     placement_seconds: dict[int, dict[tuple[str, ...], float]]
     moves: dict[tuple[str, str], MoveCost]  # ("to_slow"|"to_fast", "sync"|"async"|"host"|"pair") -> cost
     simulated: bool
-    environment: dict = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
     # The async copies at one kernel are in flight together and may overlap (Linux AIO: 16
     # copies of 16 KiB took 0.5 ms together, 5 ms one after another; 1 MiB ones do not
     # overlap: moves "pair"); False: they run one after another (an I/O thread, one copy
     # stream). See async_seconds.
     async_overlap: bool = False
     workspace_bytes: tuple[int, ...] = ()  # per kernel; () = not profiled (0)
-    copy_interference: dict = field(default_factory=dict)  # direction -> slowdown; {} = none
+    copy_interference: dict[str, float] = field(default_factory=dict)  # direction -> slowdown; {} = none
     wake_seconds: tuple[float, ...] = ()  # per kernel W_k; () = not profiled (0)
     # what the profile added for the executor's own work (autotm.overhead: kernel_s,
     # sync_move_s, async_move_s), already in kernel_seconds and moves; {} = nothing added
-    executor_overhead: dict = field(default_factory=dict)
+    executor_overhead: dict[str, float] = field(default_factory=dict)
 
     # ---- queries ----------------------------------------------------------------------
     def kernel_time(self, k: int, placement: tuple[str, ...] | None = None) -> float:
@@ -167,7 +169,7 @@ class CostModel:
         except KeyError:
             raise KeyError(f"no move cost for {direction!r} {mode!r}; have {sorted(self.moves)}") from None
 
-    def workspace(self, n_kernels: int):
+    def workspace(self, n_kernels: int) -> np.ndarray:
         """Per kernel, its workspace bytes (numpy int64; zeros where not profiled)."""
         w = np.zeros(n_kernels, dtype=np.int64)
         if self.workspace_bytes:
@@ -283,9 +285,9 @@ class CostModel:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CostModel:
         if not isinstance(d, dict):
-            raise ValueError("cost model JSON must be an object")
+            raise InputError("cost model JSON must be an object")
         if d.get("version") != COSTMODEL_VERSION:
-            raise ValueError(f"cost model version {d.get('version')!r} is not supported "
+            raise InputError(f"cost model version {d.get('version')!r} is not supported "
                              f"(expects {COSTMODEL_VERSION})")
         try:
             return cls(
@@ -308,7 +310,7 @@ class CostModel:
                 executor_overhead={str(k): float(v) for k, v in d.get("executor_overhead", {}).items()},
             )
         except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"malformed cost model JSON: {e!r}") from None
+            raise InputError(f"malformed cost model JSON: {e!r}") from None
 
     @classmethod
     def from_json(cls, text: str) -> CostModel:

@@ -62,9 +62,9 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterable, Literal, NoReturn
 
-from ..errors import AutotmError
+from ..errors import PlanError as PlanError  # (re-exported: it was defined here)
 from .graph import Role, TrainingGraph
 
 PLAN_VERSION = 1
@@ -73,10 +73,7 @@ KINDS = ("prefetch", "evict", "drop")
 MODES = ("sync", "async")
 TIERS = ("fast", "slow")
 ACCESS = ("staged", "direct")
-
-
-class PlanError(AutotmError):
-    """A plan is malformed, made for another graph, or breaks a rule of the timeline."""
+Access = Literal["staged", "direct"]
 
 
 @dataclass(frozen=True)
@@ -113,7 +110,7 @@ class Plan:
     budget_bytes: int | None  # fast-tier budget the plan was made for; None: unlimited
     planner: str  # "all-fast", "ilp-synchronous", ...
     tensors: tuple[TensorPlan, ...]
-    meta: dict = field(default_factory=dict)  # planner details: solve time, gap, sizes
+    meta: dict[str, Any] = field(default_factory=dict)  # planner details: solve time, gap, sizes
     # size of one fast-memory arena holding every fast residency at its offset
     # (TensorPlan.offsets); None: no static layout (the runtime allocates)
     arena_bytes: int | None = None
@@ -148,7 +145,7 @@ class Plan:
         body = '  "tensors": [\n' + lines + "\n  ]" if tensors else '  "tensors": []'
         return head[:-2] + ",\n" + body + "\n}\n"
 
-    def save(self, path: str | os.PathLike) -> Path:
+    def save(self, path: str | os.PathLike[str]) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(self.to_json())
@@ -164,7 +161,7 @@ class Plan:
         return cls.from_dict(d, source=source)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> Plan:
+    def load(cls, path: str | os.PathLike[str]) -> Plan:
         try:
             text = Path(path).read_text()
         except OSError as e:
@@ -177,7 +174,7 @@ class Plan:
     def from_dict(cls, d: Any, *, source: str = "plan JSON") -> Plan:
         r = _Reader(source)
         r.expect(isinstance(d, dict), "", "must be a JSON object")
-        version = r.int(d, "version")
+        version = r.integer(d, "version")
         if version != PLAN_VERSION:
             raise PlanError(_version_message(version))
         access = r.choice(d, "access", ACCESS)
@@ -203,16 +200,16 @@ class Plan:
                 r.expect(isinstance(a, dict), aw, "must be an object")
                 keep = a.get("keep_fast", False)
                 r.expect(isinstance(keep, bool), f"{aw}.keep_fast", "must be true or false")
-                acts.append(Action(kind=r.choice(a, "kind", KINDS, aw), at=r.int(a, "at", aw),
+                acts.append(Action(kind=r.choice(a, "kind", KINDS, aw), at=r.integer(a, "at", aw),
                                    mode=r.choice(a, "mode", MODES, aw), keep_fast=keep))
             offsets = t.get("offsets", [])
             r.expect(isinstance(offsets, list) and all(_is_int(o) and o >= 0 for o in offsets),
                      f"{where}.offsets", "must be a list of non-negative integers")
-            tensors.append(TensorPlan(id=r.int(t, "id", where), initial=r.choice(t, "initial", TIERS, where),
+            tensors.append(TensorPlan(id=r.integer(t, "id", where), initial=r.choice(t, "initial", TIERS, where),
                                       actions=tuple(acts), offsets=tuple(offsets)))
-        return cls(version=version, graph_name=r.str(d, "graph_name"),
-                   graph_fingerprint=r.str(d, "graph_fingerprint"), memory_system=r.str(d, "memory_system"),
-                   access=access, budget_bytes=budget, planner=r.str(d, "planner"),
+        return cls(version=version, graph_name=r.string(d, "graph_name"),
+                   graph_fingerprint=r.string(d, "graph_fingerprint"), memory_system=r.string(d, "memory_system"),
+                   access=access, budget_bytes=budget, planner=r.string(d, "planner"),
                    tensors=tuple(tensors), meta=meta, arena_bytes=arena)
 
 
@@ -223,7 +220,7 @@ def _tensor_plan_to_dict(tp: TensorPlan) -> dict[str, Any]:
         if a.keep_fast:
             ad["keep_fast"] = True
         acts.append(ad)
-    d = {"id": tp.id, "initial": tp.initial, "actions": acts}
+    d: dict[str, Any] = {"id": tp.id, "initial": tp.initial, "actions": acts}
     if tp.offsets:
         d["offsets"] = list(tp.offsets)
     return d
@@ -239,7 +236,7 @@ class _Reader:
     def __init__(self, source: str):
         self.source = source
 
-    def fail(self, where: str, what: str):
+    def fail(self, where: str, what: str) -> NoReturn:
         field_ = f"field '{where}' " if where else ""
         raise PlanError(f"{self.source}: {field_}{what}")
 
@@ -247,23 +244,23 @@ class _Reader:
         if not ok:
             self.fail(where, what)
 
-    def get(self, d: dict, key: str, where: str = "") -> Any:
+    def get(self, d: dict[str, Any], key: str, where: str = "") -> Any:
         name = f"{where}.{key}" if where else key
         if key not in d:
             raise PlanError(f"{self.source}: missing field '{name}'")
         return d[key]
 
-    def int(self, d: dict, key: str, where: str = "") -> int:
+    def integer(self, d: dict[str, Any], key: str, where: str = "") -> int:
         v = self.get(d, key, where)
         self.expect(_is_int(v), f"{where}.{key}" if where else key, f"must be an integer, got {v!r}")
-        return v
+        return int(v)
 
-    def str(self, d: dict, key: str, where: str = "") -> str:
+    def string(self, d: dict[str, Any], key: str, where: str = "") -> str:
         v = self.get(d, key, where)
         self.expect(isinstance(v, str), f"{where}.{key}" if where else key, f"must be a string, got {v!r}")
-        return v
+        return str(v)
 
-    def choice(self, d: dict, key: str, options: tuple[str, ...], where: str = "") -> str:
+    def choice(self, d: dict[str, Any], key: str, options: tuple[str, ...], where: str = "") -> Any:
         v = self.get(d, key, where)
         self.expect(v in options, f"{where}.{key}" if where else key,
                     f"must be one of {', '.join(options)}, got {v!r}")
@@ -291,21 +288,21 @@ def check_plan_matches(plan: Plan, graph: TrainingGraph) -> None:
 
 # ---- hand-written plans ---------------------------------------------------------------
 
-def _plan(graph: TrainingGraph, tensors, *, memory_system: str, access: str, budget_bytes: int | None,
-          planner: str, meta: dict | None = None) -> Plan:
+def _plan(graph: TrainingGraph, tensors: Iterable[TensorPlan], *, memory_system: str, access: Access,
+          budget_bytes: int | None, planner: str, meta: dict[str, Any] | None = None) -> Plan:
     return Plan(version=PLAN_VERSION, graph_name=graph.name, graph_fingerprint=graph.fingerprint,
                 memory_system=memory_system, access=access, budget_bytes=budget_bytes, planner=planner,
                 tensors=tuple(tensors), meta=dict(meta or {}))
 
 
-def all_fast_plan(graph: TrainingGraph, memory_system: str = "cpu+file", access: str = "staged") -> Plan:
+def all_fast_plan(graph: TrainingGraph, memory_system: str = "cpu+file", access: Access = "staged") -> Plan:
     """Every tensor in fast memory for its whole life; no actions, no budget."""
     return _plan(graph, (TensorPlan(t.id, "fast", ()) for t in graph.tensors), memory_system=memory_system,
                  access=access, budget_bytes=None, planner="all-fast")
 
 
 def evict_all_activations_plan(graph: TrainingGraph, mode: str = "sync", memory_system: str = "cpu+file",
-                               access: str = "staged", budget_bytes: int | None = None) -> Plan:
+                               access: Access = "staged", budget_bytes: int | None = None) -> Plan:
     """Evict every activation after it is produced and prefetch it before each later use.
 
     An activation is moved when it has a use after the first kernel e > producer that does
@@ -351,7 +348,7 @@ def _evict_all_actions(producer: int, users: tuple[int, ...], mode: str) -> list
     actions = []
     g0 = e
     for i, (a, b) in enumerate(runs):
-        release = "evict" if i == 0 else "drop"
+        release: Literal["evict", "drop"] = "evict" if i == 0 else "drop"
         if mode == "sync":
             actions.append(Action(release, g0, "sync"))
             actions.append(Action("prefetch", a, "sync"))

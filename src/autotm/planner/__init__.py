@@ -23,6 +23,7 @@ from .direct import solve_direct
 from .floor import Floor, accounting, smallest_feasible, tightest_staged_plan
 from .ilp import InfeasibleBudget, default_min_tensor_bytes, min_tensor_bytes_for, solve_staged
 from .static import all_slow_plan, first_touch_direct_plan, solve_static
+from ..errors import InputError
 
 FORMULATIONS = ("static", "synchronous", "asynchronous")
 BASELINES = ("all-fast", "first-touch", "lru", "all-slow")
@@ -86,14 +87,14 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
     requested budget, under which no plan of the formulation is predicted to run.
     """
     if cost_model.graph_fingerprint and cost_model.graph_fingerprint != graph.fingerprint:
-        raise ValueError("the cost model was profiled for another graph; profile this one first")
+        raise InputError("the cost model was profiled for another graph; profile this one first")
     if formulation not in FORMULATIONS + BASELINES:
-        raise ValueError(f"unknown formulation {formulation!r}; choose one of {', '.join(FORMULATIONS + BASELINES)}")
+        raise InputError(f"unknown formulation {formulation!r}; choose one of {', '.join(FORMULATIONS + BASELINES)}")
     ms = cost_model.memory_system
     t0 = time.perf_counter()
     direct = cost_model.access == "direct"
     if not direct and formulation in ("static", "all-slow"):
-        raise ValueError(f"{formulation} needs a direct-access memory system (cpu+mmap, cpu+numa, sim:optane, sim:cxl)")
+        raise InputError(f"{formulation} needs a direct-access memory system (cpu+mmap, cpu+numa, sim:optane, sim:cxl)")
 
     # each kernel's workspace (profiled) takes its share of the budget while it runs: the
     # solvers' capacity at k is budget + pinned bytes - workspace (floor.accounting)

@@ -69,6 +69,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import InfeasibleBudget, SolverTimeout
 from ..ir.costmodel import CostModel
 from ..errors import InfeasibleBudget  # noqa: F401  (raised here; re-exported)
 from ..ir.graph import TrainingGraph
@@ -699,7 +700,7 @@ def solve_model(h, highspy, lp, x0, constant: float, time_limit: float, stats: I
         stats.status += " (warm start returned)"
     if x is None:
         if timed_out:
-            raise TimeoutError(f"the solver found no plan within {time_limit:.0f} s; raise the time limit")
+            raise SolverTimeout(f"the solver found no plan within {time_limit:.0f} s; raise the time limit")
         return None
     stats.objective = obj_x
     if np.isfinite(info.mip_dual_bound):
@@ -948,7 +949,7 @@ def _warm_start_vector(plan: Plan, n: int, seg_vars, start_slow, yz, T, async_te
         if sv.seg.kind == "final" and src in start_slow and src in by_id and by_id[src].initial == "fast" \
                 and tid in by_id and any(a.kind in ("evict", "drop") and a.at >= sv.seg.start for a in by_id[tid].actions):
             made_slow.add(src)
-    for (tid, idx), sv in seg_vars.items():
+    for (tid, _idx), sv in seg_vars.items():
         tp = by_id.get(tid)
         if tp is None:
             return None

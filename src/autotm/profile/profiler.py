@@ -96,6 +96,7 @@ from ..interpret.replay import Replay
 from ..ir.layout import LARGE_BLOCK_BYTES
 from ..tiers import cpu_arena
 from ..tiers.host_heap import keep_freed_memory, large_blocks_mapped
+from ..errors import InputError
 
 log = logging.getLogger("autotm.profile")
 
@@ -500,7 +501,7 @@ class ProfilingReplay(Replay):
                     # self.operands, which times the building into the position before k)
                     args, kwargs = Replay.operands(self, k)
 
-                    def fn():
+                    def fn(args=args, kwargs=kwargs, slow_out=slow_out):
                         out = target(*args, **kwargs)
                         if slow_out:  # the executor writes slow outputs after the kernel
                             for tid, i in outs:
@@ -662,7 +663,7 @@ def synthetic_inputs(graph: TrainingGraph, seed: int = 0) -> dict[int, torch.Ten
     positive floats, zero integers (valid class indices), False booleans."""
     gen = torch.Generator().manual_seed(seed)
     out = {}
-    for key, tid in graph.program.input_keys:
+    for _key, tid in graph.program.input_keys:
         t = graph.tensors[tid]
         dtype = getattr(torch, t.dtype)
         item = torch.empty((), dtype=dtype).element_size()
@@ -1083,7 +1084,7 @@ class _MustMeasure(Exception):
 def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes, move_repeats, wake_rounds,
                   executor_overhead=True, measure_overhead=None, recache_moves=None, measure=True):
     if graph.fake:
-        raise ValueError(f"graph {graph.name} was captured on fake tensors: it cannot be timed on "
+        raise InputError(f"graph {graph.name} was captured on fake tensors: it cannot be timed on "
                          f"{memory.name}; capture it on real tensors, or profile on a sim:<spec> system")
     # the executor's allocator policy, so kernels are timed as it runs them: their outputs
     # land in reused heap memory, not in fresh pages that fault in on every call
@@ -1355,12 +1356,12 @@ def load_spec(spec: str | os.PathLike) -> TierSpec:
     if not (path.suffix == ".toml" and path.exists()):
         path = SPEC_DIR / f"{s}.toml"
         if not path.exists():
-            raise ValueError(f"unknown tier spec {s!r}; shipped specs: {', '.join(spec_names())} "
+            raise InputError(f"unknown tier spec {s!r}; shipped specs: {', '.join(spec_names())} "
                              "(or pass a path to a .toml file)")
     try:
         d = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"tier spec {path} is not valid TOML: {e}") from None
+        raise InputError(f"tier spec {path} is not valid TOML: {e}") from None
     try:
         fast, slow, mv = d["fast"], d["slow"], d["moves"]
         moves = {}
@@ -1371,7 +1372,7 @@ def load_spec(spec: str | os.PathLike) -> TierSpec:
                                                     float(m["bandwidth_gbps"]) * _G)
         access = d["access"]
         if access not in ("staged", "direct"):
-            raise ValueError(f"access must be 'staged' or 'direct', got {access!r}")
+            raise InputError(f"access must be 'staged' or 'direct', got {access!r}")
         peak = d.get("compute", {}).get("peak_gflops")
         return TierSpec(
             name=d.get("name", path.stem), description=d.get("description", ""), access=access,
@@ -1382,7 +1383,7 @@ def load_spec(spec: str | os.PathLike) -> TierSpec:
             moves=moves, peak_flops=None if peak is None else float(peak) * _G,
             source=d.get("source", ""), extra={"path": str(path)})
     except KeyError as e:
-        raise ValueError(f"tier spec {path} is missing {e}") from None
+        raise InputError(f"tier spec {path} is missing {e}") from None
 
 
 def measure_peak_flops(cache: ProfileCache | str | os.PathLike | None = None, *, recache: bool = False,
@@ -1559,7 +1560,7 @@ def profile_command(models: list[str], preset: str | None = None, batch: int | N
                  TimeRemainingColumn(), console=err, transient=as_json) as bar:
             task = bar.add_task(w.name, total=None, what="capturing")
 
-            def progress(done: int, total: int, what: str) -> None:
+            def progress(done: int, total: int, what: str, task=task) -> None:
                 bar.update(task, completed=done, total=total, what=what[:40])
 
             t0 = time.perf_counter()

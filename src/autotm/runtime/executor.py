@@ -58,7 +58,7 @@ from typing import Iterable, Mapping
 import numpy as np
 import torch
 
-from ..errors import AutotmError, ReplayError, StateChanged
+from ..errors import AutotmError, BudgetExceeded, ReplayError, SessionFailed, StateChanged
 from ..ir.graph import TrainingGraph
 from ..frontend.optim_lowering import GroupHyper, derived
 from ..ir.plan import Action, Plan, check_plan_matches
@@ -68,14 +68,6 @@ from ..tiers import cpu_arena
 from ..tiers.base import MemorySystem, SlowHandle
 from ..tiers.host_heap import keep_freed_memory, trim_heap
 from ..checks.validate import validate
-
-
-class BudgetExceeded(AutotmError):
-    """The runtime held more fast-tier bytes than the budget allows."""
-
-
-class SessionFailed(AutotmError):
-    """An iteration of this session failed or was interrupted: it has nothing to report."""
 
 
 @dataclass(frozen=True)
@@ -778,7 +770,7 @@ class Executor(Replay):
                     # (with an arena, kernels' temporaries and misplaced outputs grow the heap:
                     # look before every kernel)
                     if rss is not None and (incoming[k] or arena_on) and rss() + incoming[k] > rss_bound:
-                        self._trim(lambda: rss() + incoming[k] - rss_bound)
+                        self._trim(lambda k=k, rss_bound=rss_bound: rss() + incoming[k] - rss_bound)
                     if has_moves[k]:
                         self.before_kernel(k)
                     elif cache_ctl is not None and cache_ctl[0]() > self.cache_headroom[k]:

@@ -20,14 +20,15 @@ import time
 import torch
 
 from .verify import deterministic, digest, state_digests
+from ..errors import InputError
 
 
 def _require_cuda(device) -> torch.device:
     if not torch.cuda.is_available():
-        raise ValueError("save-on-cpu is a GPU baseline: torch.cuda.is_available() is False")
+        raise InputError("save-on-cpu is a GPU baseline: torch.cuda.is_available() is False")
     dev = torch.device(device)
     if dev.type != "cuda":
-        raise ValueError(f"save-on-cpu runs on a CUDA device, not {dev}")
+        raise InputError(f"save-on-cpu runs on a CUDA device, not {dev}")
     return dev
 
 

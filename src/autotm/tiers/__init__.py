@@ -14,6 +14,7 @@ from autotm.tiers.base import (
     TensorLayout,
     TierError,
 )
+from autotm.errors import InputError
 
 
 def make_memory_system(name: str = "cpu+file", *, slow_dir: str | None = None,
@@ -35,7 +36,7 @@ def make_memory_system(name: str = "cpu+file", *, slow_dir: str | None = None,
             many bytes (an emulated smaller GPU); None: the whole GPU.
     """
     if fast_capacity_bytes is not None and name != "cuda+host":
-        raise ValueError(f"fast_capacity_bytes is for cuda+host only, not {name!r}")
+        raise InputError(f"fast_capacity_bytes is for cuda+host only, not {name!r}")
     if name == "cpu+file":
         from autotm.tiers.file_tier import FileMemorySystem
         return FileMemorySystem(slow_dir, slow_capacity_bytes)
@@ -49,7 +50,7 @@ def make_memory_system(name: str = "cpu+file", *, slow_dir: str | None = None,
         from autotm.tiers.cuda_tier import CudaHostMemorySystem
         return CudaHostMemorySystem(slow_capacity_bytes=slow_capacity_bytes,
                                     fast_capacity_bytes=fast_capacity_bytes)
-    raise ValueError(f"unknown memory system {name!r}; valid names: "
+    raise InputError(f"unknown memory system {name!r}; valid names: "
                      f"{', '.join(MEMORY_SYSTEM_NAMES)}")
 
 __all__ = [

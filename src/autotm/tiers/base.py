@@ -32,15 +32,10 @@ from typing import Any, Callable, Literal
 
 import torch
 
-from autotm.errors import AutotmError
+from autotm.errors import TierError
 from autotm.ir.layout import PAGE
 
 MEMORY_SYSTEM_NAMES = ("cpu+file", "cpu+mmap", "cpu+numa", "cuda+host")
-
-
-class TierError(AutotmError):
-    """A memory tier cannot do what was asked (slow directory unusable, disk or capacity
-    full, unsupported machine, misuse of a handle). The message says what to change."""
 
 
 def round_up(n: int, multiple: int = PAGE) -> int:

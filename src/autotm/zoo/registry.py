@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from . import densenet, inception, resnet, transformer, vgg
+from ..errors import InputError
 
 __all__ = [
     "MODELS",
@@ -171,12 +172,12 @@ _BUILDERS: dict[str, Callable[[], nn.Module]] = {
 
 def _check_model(model: str) -> None:
     if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; valid models: {', '.join(MODELS)}")
+        raise InputError(f"unknown model {model!r}; valid models: {', '.join(MODELS)}")
 
 
 def _check_preset(preset: str) -> None:
     if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
+        raise InputError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
 
 
 def preset_sizes(model: str, preset: str) -> list[tuple[int, int]]:
@@ -205,11 +206,11 @@ class Workload:
         if self.preset is not None:
             _check_preset(self.preset)
         if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
-            raise ValueError(f"batch must be a positive int, got {self.batch!r}")
+            raise InputError(f"batch must be a positive int, got {self.batch!r}")
         lo = MIN_IMAGE[self.model]
         if isinstance(self.image, bool) or not isinstance(self.image, int) or self.image < lo:
             what = "sequence length" if self.is_transformer else "image size"
-            raise ValueError(f"{self.model}: {what} must be an int >= {lo}, got {self.image!r}")
+            raise InputError(f"{self.model}: {what} must be an int >= {lo}, got {self.image!r}")
 
     # ------------------------------------------------------------------ naming
     @property
@@ -324,7 +325,7 @@ def workload(
     _check_model(model)
     if preset is None:
         if batch is None or image is None:
-            raise ValueError("preset=None needs both batch and image")
+            raise InputError("preset=None needs both batch and image")
         return Workload(model, None, batch, image)
     b, i = preset_sizes(model, preset)[0]
     return Workload(model, preset, b if batch is None else batch, i if image is None else image)

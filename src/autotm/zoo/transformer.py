@@ -24,6 +24,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..errors import InputError
+
 __all__ = ["GPT", "transformer", "SequenceCrossEntropy", "transformer_param_count"]
 
 
@@ -31,7 +33,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int) -> None:
         super().__init__()
         if d_model % n_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+            raise InputError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         self.n_heads = n_heads
         self.d_head = d_model // n_heads
         self.qkv = nn.Linear(d_model, 3 * d_model)
@@ -115,7 +117,7 @@ class GPT(nn.Module):
     def forward(self, idx: Tensor) -> Tensor:
         t = idx.shape[1]
         if t > self.seq_len:
-            raise ValueError(f"sequence length {t} exceeds the model's seq_len={self.seq_len}")
+            raise InputError(f"sequence length {t} exceeds the model's seq_len={self.seq_len}")
         pos = torch.arange(t, device=idx.device)
         x = self.tok_emb(idx) + self.pos_emb(pos)
         x = self.blocks(x)

@@ -26,6 +26,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from ..errors import InputError
+
 __all__ = ["VGG", "vgg19", "vgg416", "VGG19_CFG", "VGG416_REPEATS", "vgg416_cfg"]
 
 #: Layer configuration of VGG-19 ("E"): ints are conv output channels, "M" a maxpool.
@@ -80,7 +82,7 @@ class VGG(nn.Module):
     def __init__(self, cfg: Sequence[int | str], num_classes: int = 1000, init: str = "kaiming") -> None:
         super().__init__()
         if init not in ("kaiming", "delta_orthogonal"):
-            raise ValueError(f"unknown init {init!r}; valid: kaiming, delta_orthogonal")
+            raise InputError(f"unknown init {init!r}; valid: kaiming, delta_orthogonal")
         self.init = init
         self.features = _features(cfg)
         last = [v for v in cfg if v != "M"][-1]
