@@ -118,10 +118,11 @@ def measure(ms: FileMemorySystem, fd: int, mib: int, repeats: int,
         res: dict[str, float] = {}
         i = r % 2
         # tags: S / A sync / async in the arena, s / a on the heap, t the I/O thread
-        variants = [lambda: plain(res, i),
-                    lambda: tier(res, "S", True, True, i), lambda: tier(res, "A", False, True, i),
-                    lambda: tier(res, "s", True, False), lambda: tier(res, "a", False, False),
-                    lambda: tier(res, "t", False, False, 0, ms_thread)]
+        variants = [lambda res=res, i=i: plain(res, i),
+                    lambda res=res, i=i: tier(res, "S", True, True, i),
+                    lambda res=res, i=i: tier(res, "A", False, True, i),
+                    lambda res=res: tier(res, "s", True, False), lambda res=res: tier(res, "a", False, False),
+                    lambda res=res: tier(res, "t", False, False, 0, ms_thread)]
         rng.shuffle(variants)
         for v in variants:
             v()

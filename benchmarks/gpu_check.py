@@ -205,7 +205,7 @@ class Check:
         by = {}
         for r in self.records:
             by.setdefault(r["workload"], {})[(r["formulation"], r.get("budget"))] = r
-        for wname, cells in by.items():
+        for cells in by.values():
             for ratio in self.args.ratios:
                 lru = cells.get(("lru", ratio))
                 if not lru or lru.get("status") != "ok":

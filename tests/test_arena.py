@@ -140,7 +140,7 @@ def test_json_keeps_the_layout_and_reads_plans_without_one():
 def graph_and_plan(draw):
     n = draw(st.integers(3, 14))
     sizes, kernels, live = [], [], []
-    for k in range(n):
+    for _ in range(n):
         reads = draw(st.lists(st.sampled_from(live), max_size=3, unique=True)) if live else []
         sizes.append(draw(st.integers(1, 5000)))
         kernels.append((reads, [len(sizes) - 1]))

@@ -146,7 +146,7 @@ def test_take_hands_out_exactly_the_free_ranges(ops):
                 del t  # the model's list holds the only reference
             else:
                 live.pop(start % len(live))
-        for i, (_, _, t) in enumerate(live):  # nothing was written over
+        for _, _, t in live:  # nothing was written over
             assert t.min() == t.max()
 
 

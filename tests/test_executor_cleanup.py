@@ -34,7 +34,9 @@ def small_batch(seed=0):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(8, 3, 32, 32, generator=g), torch.randint(0, 10, (8,), generator=g)
 """
-exec(SMALL_NET)
+_small = {}
+exec(SMALL_NET, _small)  # the same definitions the subprocesses below run
+small_net, small_batch = _small["small_net"], _small["small_batch"]
 
 
 def _session(memory, mode="sync", graph=None):

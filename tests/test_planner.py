@@ -322,7 +322,7 @@ def test_budgets_parse():
 def random_graph_and_budget(draw):
     n = draw(st.integers(4, 14))
     sizes, kernels, live = [], [], []
-    for k in range(n):
+    for _ in range(n):
         reads = draw(st.lists(st.sampled_from(live), max_size=3, unique=True)) if live else []
         t = len(sizes)
         sizes.append(draw(st.integers(1, 64)) * 1024)

@@ -409,7 +409,7 @@ def test_small_reads_share_pooled_buffers_that_release_cached_keeps(tmp_path):
         hs = [ms.to_slow(i, t) for i, t in enumerate(ts)]
         for _ in range(2):
             for h, t in zip(hs, ts):
-                for read in (lambda: ms.to_fast(h), lambda: ms.start_to_fast(h).wait()):
+                for read in (lambda h=h: ms.to_fast(h), lambda h=h: ms.start_to_fast(h).wait()):
                     assert_same(read(), t)
                     ms.release_cached()
                     # one pooled buffer serves every small read, sync or asynchronous

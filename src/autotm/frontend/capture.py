@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence

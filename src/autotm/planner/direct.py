@@ -383,7 +383,7 @@ def _warm_start_vector(plan: Plan, nvars: int, tv: dict[int, _Tensor], configs, 
                 x[g.after] = state
         if used != len(tp.actions):
             return None  # an action outside the gaps (e.g. a move right at a use)
-    for k, (ops, const, terms, is_config) in configs.items():
+    for k, (ops, _const, terms, is_config) in configs.items():
         if is_config:
             _set_config(x, terms, k, ops, tv)
     y, z = yz

@@ -28,7 +28,7 @@ import torch
 
 from ..ir.graph import TrainingGraph
 from ..interpret.replay import Replay, TrainingState, replay_step
-from ..frontend.workloads import capture_workload, eager_training
+from ..frontend.workloads import eager_training
 from ..zoo import Workload
 
 

@@ -172,7 +172,7 @@ class _ArenaAllocator:
                 f"slow tier capacity exceeded: {self.in_use} bytes in use + {length} "
                 f"requested > slow_capacity_bytes={self.capacity}")
         best = None
-        for i, (off, ln) in enumerate(self._free):
+        for i, (_off, ln) in enumerate(self._free):
             if ln >= length and (best is None or ln < self._free[best][1]):
                 best = i
                 if ln == length:
