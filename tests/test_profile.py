@@ -340,6 +340,7 @@ def many_views():
                            build=float(np.median(BuildTimes.seconds)))
 
 
+@pytest.mark.timing
 def test_building_operands_is_timed_between_kernels_by_the_profiler_and_the_executor(memory, many_views, tmp_path):
     from autotm.runtime.executor import ExecutorSession
 
@@ -683,6 +684,7 @@ def _busy(seconds: float) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(2 * (os.cpu_count() or 1))]
 
 
+@pytest.mark.timing
 def test_a_cache_filled_on_a_loaded_machine_warns_when_reused(tiny, memory, tmp_path):
     from autotm.profile.pace import PACE_VALUE, PaceWarning, pace_probe_seconds
 
@@ -731,6 +733,7 @@ def test_pace_check_flags_a_ratio_beyond_the_tolerance_either_way():
     assert fast_then.mismatched and "faster than now" in fast_then.describe()
 
 
+@pytest.mark.timing
 def test_an_async_move_timed_while_computing_is_not_rounded_up_to_the_computation(memory):
     # an AIO completion is stamped when this thread collects it, at its next poll; timed
     # between whole 192x192 matmuls (80-140 us) a 64 KiB write's flight came out 3.5-5.6x
@@ -760,6 +763,7 @@ def test_an_async_move_timed_while_computing_is_not_rounded_up_to_the_computatio
     assert 0.5 < ratio < 1.6, (ratio, statistics.median(computing), statistics.median(polled), mm)
 
 
+@pytest.mark.timing
 def test_two_async_moves_issued_together_are_timed_until_both_are_done(memory):
     # the "pair" samples: what a second copy at one kernel adds (CostModel.async_marginal_seconds)
     load = torch.randn(192, 192)
@@ -774,7 +778,7 @@ def test_two_async_moves_issued_together_are_timed_until_both_are_done(memory):
         hs, f, host, _ = _while_computing(lambda: [memory.start_to_slow(-1, a), memory.start_to_slow(-2, b)], load, mm)
         two.append(f)
         assert isinstance(hs, list) and len(hs) == 2 and host > 0
-        back, _, _, _ = _while_computing(lambda: [memory.start_to_fast(h) for h in hs], load, mm)
+        back, _, _, _ = _while_computing(lambda hs=hs: [memory.start_to_fast(h) for h in hs], load, mm)
         assert torch.equal(back[0].view(torch.uint8).flatten(), a) and torch.equal(back[1].view(torch.uint8).flatten(), b)
         del back
         for h in hs:
