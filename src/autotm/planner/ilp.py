@@ -932,11 +932,10 @@ def _warm_start_vector(plan: Plan, n: int, seg_vars, start_slow, yz, T, async_te
     first use (the same one read), and its later evicts are drops (its slow copy exists).
     The other way round, a weight that starts slow and whose update stays fast is written
     at the end (the executor's carry write): in the model, at its final segment's start.
-    Without this, lru's and first-touch's plans broke 38 steady-state rows on resnet50 test
-    at 4:1, and the asynchronous chain, started from them, found no plan in the demo's time.
     Likewise an input that starts fast and is evicted before its first use (lru makes room
-    early) starts slow in the model (which then does not charge that write): without it,
-    lru at inception_v4 cpu 8:1 broke 208 rows and no plan was found in 30 s."""
+    early) starts slow in the model (which then does not charge that write). Without these,
+    the baselines' plans break steady-state rows and the asynchronous chain started from
+    them finds no plan in time (benchmarks/HISTORY.md, "Notes moved from the code")."""
     pairs = pairs or {}
     x = np.zeros(n)
     by_id = {tp.id: tp for tp in plan.tensors}

@@ -121,18 +121,13 @@ OVERHEAD_PREFIX = "executor:"  # the cache's values of autotm.overhead
 MOVE_SIZES = tuple(4096 * 4 ** i for i in range(8))  # 4 KiB .. 64 MiB
 MOVE_REPEATS = 6
 # The rounds are taken in MOVE_PHASES phases spread over the profile (round r in phase
-# r % MOVE_PHASES), each followed by a window of the kernels' in-situ iterations.
-# This disk has slow spells of ~10 s; all rounds in the same 3 s had made resnet50 cpu's
-# sync moves predicted 1.76x their measured time in one run (2.09-3.00 s against 1.70-1.84
-# in four), its other runs' moves measured at 1.0x. A spell in one phase now has two of
-# six rounds: the median stays out of it.
+# r % MOVE_PHASES), each followed by a window of the kernels' in-situ iterations, so that
+# a slow spell of the disk (seconds long) has two of six rounds and the median stays out
+# of it (benchmarks/HISTORY.md, "Notes moved from the code").
 MOVE_PHASES = 3
-# Small moves take a few hundred microseconds, and a slow spell of the device (the host
-# writing back what the warm-up wrote, it seems) can make several of the first rounds 10x
-# slower: 4 KiB sync writes of 3037, 3020, 1564, 185, 213 us, a median of 1.5 ms against
-# 0.2 ms in the executor (the demo's lru, 1159 small evicts, predicted 3.7x too slow).
-# They cost little to sample, so sizes up to SMALL_MOVE_BYTES get SMALL_MOVE_ROUNDS x
-# the rounds, the extra ones after the others.
+# Small moves take a few hundred microseconds, and a slow spell of the device can make
+# several of the first rounds 10x slower. They cost little to sample, so sizes up to
+# SMALL_MOVE_BYTES get SMALL_MOVE_ROUNDS x the rounds, the extra ones after the others.
 SMALL_MOVE_BYTES = 256 * 1024
 SMALL_MOVE_ROUNDS = 3
 
@@ -217,17 +212,8 @@ def environment(memory_system: str, device: torch.device | None = None,
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "memory_system": memory_system,
-        # how things are timed; a new method measures everything again. 11: moves after an
-        # untimed round of every size, sizes shuffled and interleaved, 64 KiB and more from and
-        # into page-aligned slots of one touched huge-page arena (as the executor's), async from
-        # issue to completion, host time and compute slowdown apart. 12: kernels that write a
-        # dying first argument timed in their in-place form, as the executor calls them (relu_),
-        # and every kernel's samples from three windows of the profile. 13: building a kernel's
-        # operands (as the executor does) timed into the position before it; the executor's
-        # overhead calibrated without operand building in its moves' share. 14: a placement's
-        # repeated timings (direct access) time the call alone, its operands built once. 15:
-        # async moves polled between quarter matmuls (an AIO completion is stamped when polled).
-        # 16: AIO tiers also time two copies issued together (mode "pair")
+        # how things are timed: a new method measures everything again (what each changed:
+        # benchmarks/HISTORY.md, "Profile methods")
         "method": 16,
     }
     if async_engine is not None:  # cpu+file: Linux AIO or the I/O thread

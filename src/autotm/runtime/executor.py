@@ -36,10 +36,8 @@ are the high-water mark of what was alive in it at once, whatever glibc's heap l
 before). RSS then holds the arena, the pool and small blocks, and is trimmed (glibc's heap,
 then the pool's free huge pages from the top) only when that passes the same bound. With
 those allocations in glibc's heap instead, fragmented by capture and profiling in the
-same process, the executor trimmed ~10 times an iteration and the kernels faulted
-80-200k pages back in (densenet264 at the cpu preset: all-fast in the arena ran 1.16-1.31x
-its time on the heap; with the pool 0.98x, 10 faults an iteration:
-benchmarks/arena_overhead.py). A layout larger than the budget (one the planner could not
+same process, the kernels faulted pages back in after every trim (benchmarks/HISTORY.md,
+arena_overhead.py). A layout larger than the budget (one the planner could not
 fit) is followed too, and when RSS passes the bound the arena's whole free huge pages are
 given back with the heap's.
 """
