@@ -21,7 +21,7 @@ _LAZY = {
     "replay_step": ("interpret.replay", "replay_step"),
     "compile": ("api", "compile"),
     "plan_graph": ("planner", "plan"),
-    "profile_graph": ("profile.profiler", "profile"),
+    "profile_graph": ("api", "profile_graph"),
     "simulate_plan": ("checks.simulate", "simulate"),
     "validate_plan": ("checks.validate", "validate"),
 }

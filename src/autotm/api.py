@@ -441,3 +441,13 @@ def run_workload(w, graph, cost_model, plan_obj, memory: MemorySystem, *, iterat
         return WorkloadRun(plan_obj, s.report(), None, [])
     finally:
         s.close()
+
+
+def profile_graph(graph, memory_system, cache=None, **options):
+    """`autotm.profile_graph`: profile.profile with the executor's overheads measured where
+    the cache has none (the runtime's calibration, which the profile stage cannot import)."""
+    from .profile.profiler import profile
+    from .runtime.overhead import measure_executor_overhead
+
+    options.setdefault("measure_overhead", measure_executor_overhead)
+    return profile(graph, memory_system, cache, **options)
