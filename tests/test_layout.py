@@ -15,7 +15,7 @@ LEAVES = ("errors", "zoo")
 STAGES = ("ir", "tiers", "frontend", "interpret", "checks", "profile", "planner", "runtime", "api",
           "experiments", "cli")
 MAX_LINES = 1100  # to be 600 once profiler, executor and planner/ilp are split
-TO_SPLIT = {"profile/profiler.py": 1510}  # over MAX_LINES until it is split: it may not grow
+TO_SPLIT = {"profile/profiler.py": 1500}  # over MAX_LINES until it is split: it may not grow
 
 
 def _modules():
