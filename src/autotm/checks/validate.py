@@ -13,7 +13,7 @@ before the replay.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -69,7 +69,7 @@ class ValidationReport:
 
 
 def validate(plan: Plan, graph: TrainingGraph, *, budget_bytes: int | None = None,
-             reserved_bytes=None) -> ValidationReport:
+             reserved_bytes: Iterable[int] | None = None) -> ValidationReport:
     """Check `plan` against `graph`; raise PlanError at the first broken rule.
 
     `budget_bytes` overrides the plan's budget; a budget of None means unlimited.
@@ -129,7 +129,7 @@ def check_offsets(plan: Plan, graph: TrainingGraph, blocks: tuple[FastBlock, ...
         active.insert(j, (off, off + nb, i))
 
 
-def _written_over(old: tuple, new: tuple, graph: TrainingGraph) -> bool:
+def _written_over(old: tuple[int, ...], new: tuple[int, ...], graph: TrainingGraph) -> bool:
     """Whether `new` (start, end, offset, nbytes, tensor) may share `old`'s bytes: an output of
     kernel k over an input that dies at k, same offset and size, overlapping only while k
     runs. The executor writes such outputs into the input's storage (in-place updates);
@@ -150,7 +150,7 @@ class PlanReplay:
     """
 
     def __init__(self, plan: Plan, graph: TrainingGraph, *, budget_bytes: int | None = None,
-                 reserved_bytes=None):
+                 reserved_bytes: Iterable[int] | None = None) -> None:
         check_plan_matches(plan, graph)
         self.plan = plan
         self.graph = graph
@@ -255,7 +255,7 @@ class PlanReplay:
         nbytes = [t.nbytes for t in g.tensors]
         fast = [_NO] * n_t
         slow = [_NO] * n_t
-        written = [None] * n_t  # why the tensor has a slow copy: a message fragment
+        written: list[str | None] = [None] * n_t  # why the tensor has a slow copy: a message fragment
         self._fast_set: set[int] = set()  # tensors holding fast bytes (resident or in flight)
         fast_set = self._fast_set
         self.fast_blocks: list[FastBlock] = []
@@ -401,7 +401,7 @@ class PlanReplay:
             yield KernelStep(k, tuple(sync_moves), tuple(async_moves), tuple(slow_operands), after_sync, at_kernel)
 
     # ---- rules for each action ------------------------------------------------------------
-    def _check_prefetch(self, tid: int, k: int, fast: list, slow: list) -> None:
+    def _check_prefetch(self, tid: int, k: int, fast: list[int], slow: list[int]) -> None:
         if slow[tid] == _IN_FLIGHT:
             raise PlanError(f"{self._t(tid)}: prefetch at {self._k(k)} before its async write to slow memory completes")
         if slow[tid] != _YES:
@@ -410,14 +410,14 @@ class PlanReplay:
         if fast[tid] != _NO:
             raise PlanError(f"{self._t(tid)}: prefetch at {self._k(k)}, but the tensor is already in fast memory")
 
-    def _check_evict(self, tid: int, k: int, fast: list, slow: list, written: list) -> None:
+    def _check_evict(self, tid: int, k: int, fast: list[int], slow: list[int], written: list[str | None]) -> None:
         if fast[tid] != _YES:
             raise PlanError(f"{self._t(tid)}: evict at {self._k(k)}, but the tensor is not in fast memory")
         if slow[tid] != _NO:
             raise PlanError(f"{self._t(tid)}: second evict at {self._k(k)}: the tensor already has a slow copy "
                             f"({written[tid]}); a tensor is written to slow memory once, use drop")
 
-    def _check_drop(self, tid: int, k: int, fast: list, slow: list) -> None:
+    def _check_drop(self, tid: int, k: int, fast: list[int], slow: list[int]) -> None:
         if fast[tid] != _YES:
             raise PlanError(f"{self._t(tid)}: drop at {self._k(k)}, but the tensor is not in fast memory")
         if slow[tid] == _IN_FLIGHT:
@@ -426,7 +426,7 @@ class PlanReplay:
             raise PlanError(f"{self._t(tid)}: drop at {self._k(k)} without a slow copy: the fast copy is its only "
                             f"copy (evict it instead)")
 
-    def _over_budget(self, k: int, used: int, when: str, nbytes: list) -> None:
+    def _over_budget(self, k: int, used: int, when: str, nbytes: list[int]) -> None:
         largest = sorted(self._fast_set, key=lambda tid: (-nbytes[tid], tid))[:3]
         names = ", ".join(f"{self._t(tid)}: {nbytes[tid]} bytes" for tid in largest)
         raise PlanError(f"fast memory over budget {when}: {used} bytes resident > budget {self.budget} bytes; "
