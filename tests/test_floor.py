@@ -151,7 +151,7 @@ def random_case(draw):
     n = draw(st.integers(3, 12))
     sizes, kernels, live = [], [], []
     roles = {}
-    for k in range(n):
+    for _ in range(n):
         reads = draw(st.lists(st.sampled_from(live), max_size=3, unique=True)) if live else []
         t = len(sizes)
         sizes.append(draw(st.integers(1, 64)) * 1024)

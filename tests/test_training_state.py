@@ -140,7 +140,7 @@ def test_edits_between_steps_take_effect_as_in_eager(tmp_path):
                     for p_ in other.parameters():
                         p_.mul_(0.9)
                 sd = other.state_dict()
-                both(lambda m, o: m.load_state_dict(sd))
+                both(lambda m, o, sd=sd: m.load_state_dict(sd))
             if i == 2:  # in-place edits after state_dict(): of a slow weight and a fast one
                 def edit(m, o):
                     m.state_dict()
@@ -150,7 +150,7 @@ def test_edits_between_steps_take_effect_as_in_eager(tmp_path):
                 both(edit)
             if i == 3:  # the optimizer's own checkpoint, from the eager run, loaded into both
                 osd = copy.deepcopy(eager_opt.state_dict())
-                both(lambda m, o: o.load_state_dict(copy.deepcopy(osd)))  # (each its own tensors)
+                both(lambda m, o, osd=osd: o.load_state_dict(copy.deepcopy(osd)))  # (each its own tensors)
             if i == 4:  # a fast weight assigned a new tensor; an edit of a fast one, no state_dict() first
                 def assign(m, o):
                     with torch.no_grad():

@@ -23,6 +23,7 @@ baselines' a flat budget + max(extra) (plan()'s validation budget).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -196,7 +197,7 @@ def kernel_needs(graph: TrainingGraph, k: int, workspace: int) -> str:
     total = sum(t.nbytes for t in ops)
     # the parameter an update is for: its own state key, or its optimizer state's
     # ("opt:layer4.0.conv2.weight:momentum_buffer")
-    params = sorted({_parameter_of(t.state_key) for t in ops if t.state_key} - {None})
+    params = sorted({p for t in ops if t.state_key and (p := _parameter_of(t.state_key)) is not None})
     if kern.phase == "optimizer" and params:
         parts = []
         for t in sorted(ops, key=lambda t: -t.nbytes):
@@ -243,7 +244,7 @@ def tightest_staged_plan(graph: TrainingGraph, pinned: frozenset[int] = frozense
     tensor's first slow copy) or drop (later) and ends with a sync prefetch for the next
     use. A solution of ilp.py's model at the budget it peaks at (the staged ILP's floor),
     and the ILP's warm start of last resort."""
-    initial: dict[int, str] = {}
+    initial: dict[int, Literal["fast", "slow"]] = {}
     actions: dict[int, list[Action]] = {}
     for ts in tensor_segments(graph, min_bytes=min_bytes, pinned=pinned, pairs=carried_pairs(graph)):
         acts: list[Action] = []

@@ -71,7 +71,6 @@ import numpy as np
 
 from ..errors import InfeasibleBudget, SolverTimeout
 from ..ir.costmodel import CostModel
-from ..errors import InfeasibleBudget  # noqa: F401  (raised here; re-exported)
 from ..ir.graph import TrainingGraph
 from ..ir.plan import Action, Plan, TensorPlan
 from .highs_worker import (REFERENCE_SHARE, RINS_SHARE, cheaper, feasible, improve_start, model_arrays, request,
@@ -948,7 +947,7 @@ def _warm_start_vector(plan: Plan, n: int, seg_vars, start_slow, yz, T, async_te
         if sv.seg.kind == "final" and src in start_slow and src in by_id and by_id[src].initial == "fast" \
                 and tid in by_id and any(a.kind in ("evict", "drop") and a.at >= sv.seg.start for a in by_id[tid].actions):
             made_slow.add(src)
-    for (tid, _idx), sv in seg_vars.items():
+    for (tid, idx), sv in seg_vars.items():
         tp = by_id.get(tid)
         if tp is None:
             return None
