@@ -57,7 +57,7 @@ def glibc_heap() -> dict | None:
 
 
 def one(model: str, session: str, preset: str, iterations: int, cache: str) -> dict:
-    from autotm.runtime.executor import ExecutorSession
+    from autotm.runtime.session import ExecutorSession
     from autotm.ir.plan import all_fast_plan
     from autotm.planner import laid_out
     from autotm.profile.profiler import profile_workload

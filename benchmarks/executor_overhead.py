@@ -29,7 +29,7 @@ MODELS = ("vgg19", "vgg416", "resnet50", "resnet200", "inception_v4", "densenet2
 
 def one(model: str, preset: str, iterations: int, plans: list[str]) -> dict:
     from autotm.frontend.capture import capture
-    from autotm.runtime.executor import ExecutorSession
+    from autotm.runtime.session import ExecutorSession
     from autotm.ir.plan import all_fast_plan, evict_all_activations_plan
     from autotm.tiers import make_memory_system
     from autotm.checks.validate import validate

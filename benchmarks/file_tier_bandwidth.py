@@ -54,7 +54,7 @@ import time
 
 import torch
 
-from autotm.runtime.executor import keep_freed_memory
+from autotm.tiers.host_heap import keep_freed_memory
 from autotm.tiers.base import PAGE, IOWorker
 from autotm.tiers.file_tier import FileMemorySystem
 

@@ -52,7 +52,7 @@ import torch
 from _child import emit, run_child
 
 from autotm.ir.costmodel import CostModel
-from autotm.runtime.executor import ExecutorSession
+from autotm.runtime.session import ExecutorSession
 from autotm.profile.pace import pace_probe_seconds
 from autotm.ir.plan import all_fast_plan, evict_all_activations_plan
 from autotm.planner import laid_out

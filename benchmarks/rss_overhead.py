@@ -63,7 +63,9 @@ def measure(case: str, iterations: int = 3) -> dict:
     import torch  # noqa: F401
 
     from autotm.frontend.capture import capture
-    from autotm.runtime.executor import ExecutorSession, rss_bytes, trim_heap
+    from autotm.runtime.host_memory import rss_bytes
+    from autotm.runtime.session import ExecutorSession
+    from autotm.tiers.host_heap import trim_heap
     from autotm.ir.plan import all_fast_plan, evict_all_activations_plan
     from autotm.planner import large_block_alignment
     from autotm.planner.arena import with_arena

@@ -66,11 +66,57 @@ def test_replay_is_bit_identical_to_eager_over_three_iterations(opt_name):
             assert torch.equal(torch.as_tensor(es[i][k]), torch.as_tensor(rs[i][k])), (i, k)
 
 
+def test_a_stop_hook_ends_the_replay_before_a_kernel_and_the_next_run_is_whole():
+    """Replay's hook tree: stop(k) True ends the iteration cleanly before kernel k (no
+    exception; nothing returned, nothing left in env), and the hooks ran in their order
+    for every kernel before it. The same interpreter then runs a whole iteration that
+    matches eager bit for bit."""
+    from autotm.interpret.replay import Replay
+
+    class Traced(Replay):
+        def __init__(self, graph, cut):
+            super().__init__(graph)
+            self.cut, self.trace = cut, []
+
+        def stop(self, k):
+            return self.cut is not None and k == self.cut
+
+        def before_kernel(self, k):
+            self.trace.append(("before", k))
+
+        def after_kernel(self, k):
+            self.trace.append(("after", k))
+
+        def free(self, tid):
+            self.trace.append(("free", tid))
+            super().free(tid)
+
+    eager_model, model = small_cnn(), small_cnn()
+    make = lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)  # noqa: E731
+    eager_opt, opt = make(eager_model), make(model)
+    x, y = batches(1)[0]
+    graph = capture(model, nn.CrossEntropyLoss(), opt, (x, y))
+    cut = len(graph.kernels) // 2
+    interp = Traced(graph, cut)
+    state = TrainingState(graph, model, opt)
+    assert interp.run(state.inputs((x, y))) == {} and interp.env == {}
+    expected = []
+    for k in range(cut):
+        expected += [("before", k), ("after", k)] + [("free", t) for t in graph.program.free_after[k]]
+    assert interp.trace == expected
+    interp.cut = None  # (a fresh state: the stopped run may have updated buffers in place)
+    r = replay_step(graph, TrainingState(graph, model, opt), (x, y), interpreter=interp)
+    eager_opt.zero_grad(set_to_none=True)
+    loss = nn.CrossEntropyLoss()(eager_model(x), y)
+    loss.backward()
+    assert torch.equal(loss.detach(), r.loss)
+
+
 def test_replay_calls_the_in_place_form_where_the_executor_does():
     """relu on a dying batch-norm output runs as relu_ in the replay as in the executor (the
     profiler's in-situ timings come from the replay: relu at 128 KiB took ~20 us as out=,
     ~7 us in place), and the values stay eager's (the bit-identity test above)."""
-    from autotm.runtime.executor import ExecutorSession
+    from autotm.runtime.session import ExecutorSession
     from autotm.ir.plan import all_fast_plan
     from autotm.interpret.replay import Replay, reuse_table
     from autotm.tiers import make_memory_system
@@ -81,8 +127,8 @@ def test_replay_calls_the_in_place_form_where_the_executor_does():
     graph = capture(model, nn.CrossEntropyLoss(), opt, (x, y))
     table = reuse_table(graph)
     relus = [k for k, kn in enumerate(graph.kernels) if kn.op == "aten.relu.default"]
-    inplace = [k for k in relus if table[k] is not None and table[k][5] is not None]
-    assert inplace and str(table[inplace[0]][5]) == "aten.relu_.default"
+    inplace = [k for k in relus if table[k] is not None and table[k].inplace is not None]
+    assert inplace and str(table[inplace[0]].inplace) == "aten.relu_.default"
 
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -100,7 +146,8 @@ def test_replay_calls_the_in_place_form_where_the_executor_does():
     with make_memory_system("cpu+file") as ms:
         s = ExecutorSession(graph, all_fast_plan(graph), ms, model, opt)
         try:
-            assert [ck.inplace for ck in s.executor.kernels] == [e[5] if e else None for e in table]
+            assert [ck.reuse.inplace if ck.reuse else None for ck in s.executor.kernels] == [
+                e.inplace if e else None for e in table]
         finally:
             s.close()
 

@@ -1,5 +1,6 @@
 """The executor on the real cpu+file tier: hand-written plans on every zoo model, bit for bit."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -7,7 +8,9 @@ import sys
 import pytest
 
 from autotm.frontend.capture import capture
-from autotm.runtime.executor import BudgetExceeded, ExecutorSession
+from autotm.errors import BudgetExceeded
+from autotm.runtime.report import RunReport
+from autotm.runtime.session import ExecutorSession
 from autotm.ir.plan import all_fast_plan, evict_all_activations_plan
 from autotm.planner import large_block_alignment
 from autotm.planner.arena import with_arena
@@ -184,6 +187,12 @@ def test_state_carried_in_slow_memory_trains_bit_identically(memory):
     carried = sum(m.nbytes for m in rep.moves if m.kind == "carry")
     assert carried > 0 and rep.bytes_to_fast == expected.bytes_to_fast
     assert memory.slow_bytes_in_use() == 0
+    # the report is data: through JSON and back, field for field
+    back = RunReport.from_dict(json.loads(json.dumps(rep.to_dict())))
+    assert back.to_dict() == rep.to_dict() and back.moves == rep.moves
+    assert back.measured_seconds == rep.measured_seconds and back.summary() == rep.summary()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rep.peak_fast_bytes = 0  # type: ignore[misc]
 
 
 _HEAP_CHILD = r"""

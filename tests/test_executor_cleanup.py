@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from autotm.frontend.capture import capture
-from autotm.runtime.executor import ExecutorSession, SessionFailed
+from autotm.errors import SessionFailed
+from autotm.runtime.session import ExecutorSession
 from autotm.ir.plan import evict_all_activations_plan
 from autotm.tiers import TierError, make_memory_system
 from autotm.checks.validate import validate
@@ -148,7 +149,8 @@ CHILD = SMALL_NET + textwrap.dedent("""
 import sys
 from torch import nn
 from autotm.frontend.capture import capture
-from autotm.runtime.executor import ExecutorSession, SessionFailed
+from autotm.errors import SessionFailed
+from autotm.runtime.session import ExecutorSession
 from autotm.ir.plan import evict_all_activations_plan
 from autotm.tiers import make_memory_system
 from autotm.checks.validate import validate

@@ -342,7 +342,7 @@ def many_views():
 
 @pytest.mark.timing
 def test_building_operands_is_timed_between_kernels_by_the_profiler_and_the_executor(memory, many_views, tmp_path):
-    from autotm.runtime.executor import ExecutorSession
+    from autotm.runtime.session import ExecutorSession
 
     mv = many_views
     g, m, opt, batch, state, k, build = mv.g, mv.m, mv.opt, mv.batch, mv.state, mv.k, mv.build
@@ -378,7 +378,7 @@ def test_direct_access_repeats_time_the_call_alone(many_views, tmp_path):
         profile(mv.g, ms, tmp_path / "c.sqlite", inputs=mv.state.inputs(mv.batch), executor_overhead=False,
                 **SMALL_MOVES)
         with ProfileCache(tmp_path / "c.sqlite") as db:
-            times = db.kernel_times(db.environment(environment("cpu+mmap", None, getattr(ms, "async_engine", None))))
+            times = db.kernel_times(db.environment(environment("cpu+mmap", None, ms.async_engine)))
     sig = mv.g.kernels[mv.k].signature
     repeated = {key: t for (s, key), t in times.items() if s == sig and key.startswith("batch:")}
     assert "batch:fast" in repeated and len(repeated) == 4  # all-fast and 3 placements of 2 operands

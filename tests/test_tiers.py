@@ -634,6 +634,24 @@ def test_staged_file_tier_has_no_direct_access(tmp_path):
             ms.alloc_slow(torch.empty(3))
 
 
+def test_capabilities_are_declared_and_say_which_methods_a_system_has(tmp_path):
+    """Capabilities: what a system offers beyond the interface. cpu+file reads into a
+    caller's destination (read_span) and keeps a read cache; cpu+mmap declares nothing, and
+    the methods behind the capabilities it lacks are absent or the no-op defaults."""
+    from autotm.tiers import Capabilities
+
+    with FileMemorySystem(str(tmp_path)) as ms:
+        c = ms.capabilities
+        assert c == Capabilities(read_into=True, read_cache=True, async_engine=ms.async_engine)
+        assert ms.async_engine in ("aio", "thread") and hasattr(ms, "read_span")
+        assert not c.device_timed_moves and getattr(ms, "move_seconds", None) is None
+    with make_memory_system("cpu+mmap", slow_dir=str(tmp_path)) as ms:
+        assert ms.capabilities == Capabilities()
+        assert ms.async_engine is None and ms.cached_fast_bytes() == 0
+        ms.release_cached()
+        assert not hasattr(ms, "read_span") and getattr(ms, "move_seconds", None) is None
+
+
 # --------------------------------------------------------------- numa and factory
 
 

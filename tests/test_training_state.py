@@ -17,7 +17,7 @@ from torch import nn
 
 import autotm
 from autotm.errors import ReplayError, StateChanged
-from autotm.runtime.executor import SessionFailed
+from autotm.errors import SessionFailed
 
 BUDGET = 200_000  # bytes: the synchronous plan keeps 0.weight and 2.weight slow, the rest fast
 
@@ -226,7 +226,7 @@ def _fail_at(step, k, exc):
             os.kill(os.getpid(), signal.SIGINT)
             return kc.target(*a, **kw)
         raise exc("injected fault")
-    ex.kernels[k] = dataclasses.replace(kc, target=boom, reuse=None, inplace=None)
+    ex.kernels[k] = dataclasses.replace(kc, target=boom, reuse=None)
 
 
 @pytest.mark.parametrize("where", ["forward", "update"])

@@ -17,8 +17,9 @@ from typing import Any, Callable
 import torch
 
 from .frontend.capture import capture
-from .errors import StateChanged
-from .runtime.executor import ExecutorSession, RunReport, SessionFailed
+from .errors import SessionFailed, StateChanged
+from .runtime.report import RunReport
+from .runtime.session import ExecutorSession
 from .frontend.optim_lowering import live_groups
 from .planner import plan as make_plan
 from .interpret.replay import TrainingState, check_batch
@@ -426,10 +427,10 @@ def run_workload(w, graph, cost_model, plan_obj, memory: MemorySystem, *, iterat
     if verify:
         # on a GPU, eager PyTorch runs there too, and the comparison says what needed a tolerance
         v = verify_replay(w, iterations, session_factory=factory, graph=graph, reference=reference,
-                          device=getattr(memory, "fast_device", None))
+                          device=memory.fast_device)
         report = sessions[0].report()
         if v.device != "cpu":
-            report.meta.update(v.meta())
+            report = dataclasses.replace(report, meta={**report.meta, **v.meta()})
         return WorkloadRun(plan_obj, report, v.identical, v.mismatches)
     model = w.build_model()
     opt = w.make_optimizer(model.parameters())

@@ -66,6 +66,7 @@ class ValidationReport:
     bytes_to_fast: int  # bytes copied by prefetches
     moves: int  # number of copies: prefetches and evicts (drops copy nothing)
     fast_blocks: tuple[FastBlock, ...] = ()  # by tensor, then start; the sum at any step is the fast bytes
+    steps: tuple[KernelStep, ...] = ()  # one per kernel, in order: the moves the executor makes
 
 
 def validate(plan: Plan, graph: TrainingGraph, *, budget_bytes: int | None = None,
@@ -79,14 +80,15 @@ def validate(plan: Plan, graph: TrainingGraph, *, budget_bytes: int | None = Non
     """
     replay = PlanReplay(plan, graph, budget_bytes=budget_bytes, reserved_bytes=reserved_bytes)
     fast = np.zeros(len(graph.kernels), dtype=np.int64)
-    for step in replay:
+    steps = tuple(replay)
+    for step in steps:
         fast[step.kernel] = step.fast_bytes
     blocks = tuple(sorted(replay.fast_blocks, key=lambda b: (b.tensor, b.start)))
     if plan.arena_bytes is not None or any(tp.offsets for tp in plan.tensors):
         check_offsets(plan, graph, blocks)
     return ValidationReport(peak_fast_bytes=int(fast.max()) if len(fast) else 0, fast_bytes=fast,
                             bytes_to_slow=replay.bytes_to_slow, bytes_to_fast=replay.bytes_to_fast,
-                            moves=replay.moves, fast_blocks=blocks)
+                            moves=replay.moves, fast_blocks=blocks, steps=steps)
 
 
 def check_offsets(plan: Plan, graph: TrainingGraph, blocks: tuple[FastBlock, ...]) -> None:

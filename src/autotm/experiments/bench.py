@@ -308,7 +308,7 @@ def _execute(rec: Record, ctx: _Workload, p, memory_system, opts: SweepOptions) 
     from ..api import run_workload
     from ..runtime.verify import eager_reference
 
-    device = getattr(memory_system, "fast_device", None)
+    device = memory_system.fast_device
     if opts.verify and ctx.reference is None:
         # on a GPU, eager PyTorch on the same GPU (deterministic flags) is the reference
         ctx.reference = eager_reference(ctx.w, opts.iterations, device=device)

@@ -99,7 +99,7 @@ def demo_budget(graph, cost_model, budget, planners=PLANNERS) -> tuple[int, str 
     budget at which all of them find a plan; with a one-line note saying so (None when
     `budget` is kept)."""
     from ..ir.budget import is_minimum, parse_budget
-    from ..planner import smallest_feasible_budget
+    from .planner import smallest_feasible_budget
 
     floors = {name: smallest_feasible_budget(graph, cost_model, name) for name in planners if name != "all-fast"}
     name, floor = max(floors.items(), key=lambda kv: kv[1].bytes)

@@ -1,15 +1,15 @@
 """Replay: run a captured TrainingGraph on real tensors, kernel by kernel (no memory tiers).
 
-`Replay` is the interpreter the executor and profiler build on: it walks kernels in order,
-materializes each operand from its storage (views are re-derived from the storage's
-current value, so a storage can be swapped for a moved copy), runs the ATen op, and frees
-every tensor after its last use.
+`Replay` is the one kernel loop the executor and the profiler's replays build on (its
+hook tree is drawn in its docstring): it walks kernels in order, materializes each operand
+from its storage (views are re-derived from the storage's current value, so a storage can
+be swapped for a moved copy), runs the ATen op, and frees every tensor after its last use.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import torch
 import torch.fx as fx
@@ -169,20 +169,43 @@ class OperandBuilder:
 _NOT_OURS = frozenset({Role.INPUT, Role.CONSTANT})
 
 
-def reuse_table(graph: TrainingGraph) -> list[tuple | None]:
-    """Per kernel: (out overload, tensor id, out argument, shape, stride, in-place overload)
-    when its output may be written into the storage of an input that dies at this kernel,
-    as torch.optim's in-place updates do.
+@dataclass(frozen=True)
+class Reuse:
+    """Kernel k may write its output into the storage of an input that dies at k
+    (`reuse_table`): the same values, one allocation saved.
 
-    Only pointwise ops with one output qualify, never into the caller's batch or a constant, and only when the input is read exactly
-    as the output is laid out and covers its whole storage; the values computed are the
-    same (an out= call runs the same kernel), only an allocation is saved. When that input
-    is the op's first argument, the entry also holds the op's in-place form (relu_): the
-    same kernel, and for some ops several times faster than out= (relu at 128 KiB: ~7 us
-    against ~20 us), so the executor and the profiler's replay both call it.
+    `out_op` is the op's out= overload, `out_arg` its out argument's name; `shape` and
+    `stride` lay the output over the dying input's storage (its base value may be shaped
+    otherwise). `inplace` is the op's in-place form (relu_) when that input is the op's
+    first argument: the same kernel, and for some ops several times faster than out=.
+    """
+
+    out_op: Any
+    tensor: int  # the dying input
+    out_arg: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    inplace: Any = None
+
+    def call(self, storage: torch.Tensor, args, kwargs: dict):
+        """The kernel's op on `args`, its output written over `storage` (the dying input's
+        current value). The replay, the profiler's replay and the executor all call it."""
+        if self.inplace is not None:
+            return self.inplace(*args, **kwargs)
+        return self.out_op(*args, **kwargs, **{self.out_arg: storage.as_strided(self.shape, self.stride, 0)})
+
+
+def reuse_table(graph: TrainingGraph) -> list[Reuse | None]:
+    """Per kernel, a `Reuse` when its output may be written into the storage of an input
+    that dies at this kernel, as torch.optim's in-place updates do; else None.
+
+    Only pointwise ops with one output qualify, never into the caller's batch or a
+    constant, and only when the input is read exactly as the output is laid out and covers
+    its whole storage; the values computed are the same (an out= call runs the same
+    kernel), only an allocation is saved.
     """
     p = graph.program
-    table: list[tuple | None] = []
+    table: list[Reuse | None] = []
     for k, node in enumerate(p.kernel_nodes):
         entry = None
         out = node.meta.get("val")
@@ -208,14 +231,34 @@ def reuse_table(graph: TrainingGraph) -> list[tuple | None]:
                         first = node.args[0] if node.args else None
                         inplace = (inplace_overload(op) if isinstance(first, fx.Node)
                                    and p.node_tensor.get(first) == tid else None)
-                        entry = (ov[0], tid, ov[1], want[0], want[1], inplace)
+                        entry = Reuse(ov[0], tid, ov[1], want[0], want[1], inplace)
                     break
         table.append(entry)
     return table
 
 
 class Replay:
-    """Interpreter over a TrainingGraph. Subclasses override `run_kernel` or the hooks.
+    """The interpreter over a TrainingGraph: the one kernel loop the profiler's replays and
+    the executor build on. Subclasses override the hooks below, never the loop.
+
+    The hook tree of one `run(inputs, keep)`::
+
+        run(inputs, keep)
+        ├── begin(inputs)                  the inputs and constants put in place
+        ├── for each kernel k in order:
+        │   ├── stop(k) -> bool            True: end the iteration cleanly before k
+        │   ├── before_kernel(k)           (the executor's moves, the profiler's clocks)
+        │   ├── execute_kernel(k)          a failure re-raised naming the kernel
+        │   │   └── run_kernel(k)
+        │   │       ├── operands(k)        args and kwargs, views re-derived
+        │   │       ├── call_kernel(k, args, kwargs)   the op (output reuse: Reuse)
+        │   │       └── store_outputs(k, out)
+        │   ├── after_kernel(k)            before k's dead tensors are freed
+        │   └── free(tid)                  each tensor whose live range ends at k
+        └── finish() -> outputs            graph outputs and kept tensors, by tensor id
+
+    A stopped run (stop(k) True) calls `stopped(k)` instead of `finish` and returns what it
+    returns (here: nothing, the env cleared).
 
     Graph inputs passed to `run` may be overwritten: an input whose last use is a
     pointwise kernel lends its storage to that kernel's output.
@@ -242,11 +285,6 @@ class Replay:
             t = self.graph.tensors[tid]
             raise ReplayError(f"tensor {tid} ({t.name}) is not available; was it freed or never provided?") from None
 
-    # ---- one kernel ------------------------------------------------------------------
-    def run_kernel(self, k: int) -> None:
-        args, kwargs = self.operands(k)
-        self.store_outputs(k, self.call_kernel(k, args, kwargs))
-
     def operand_builders(self) -> list[tuple]:
         """Per kernel, (args builder, kwargs builder or None): compiled on first use, read
         `self.env` when called. The replay, the profiler and the executor all use these."""
@@ -270,15 +308,16 @@ class Replay:
         args, kwargs = self.operand_builders()[k]
         return args(), (kwargs() if kwargs is not None else {})
 
-    def call_kernel(self, k: int, args: tuple, kwargs: dict):
+    # ---- one kernel ------------------------------------------------------------------
+    def run_kernel(self, k: int) -> None:
+        args, kwargs = self.operands(k)
+        self.store_outputs(k, self.call_kernel(k, args, kwargs))
+
+    def call_kernel(self, k: int, args, kwargs: dict):
         """Kernel k's op on `args` (its output into a dying input's storage where it can)."""
         reuse = self.reuse[k]
-        if reuse is not None and reuse[1] not in self.keep and reuse[1] in self.env:
-            if reuse[5] is not None:  # in place, as the executor calls it (reuse_table)
-                return reuse[5](*args, **kwargs)
-            # the output's layout over the dying input's storage (its base value may be shaped otherwise)
-            target = self.env[reuse[1]].as_strided(reuse[3], reuse[4], 0)
-            return reuse[0](*args, **kwargs, **{reuse[2]: target})
+        if reuse is not None and reuse.tensor not in self.keep and reuse.tensor in self.env:
+            return reuse.call(self.env[reuse.tensor], args, kwargs)
         return self.program.kernel_nodes[k].target(*args, **kwargs)
 
     def store_outputs(self, k: int, out) -> None:
@@ -295,6 +334,19 @@ class Replay:
             kern = self.graph.kernels[k]
             raise ReplayError(f"while executing kernel {k} {kern.op} ({kern.module or 'no module'}): {e}") from e
 
+    # ---- hooks -----------------------------------------------------------------------
+    def begin(self, inputs: Mapping[int, torch.Tensor]) -> None:
+        """Hook: put the graph inputs and constants where the kernels read them."""
+        self.env.clear()
+        self.env.update(inputs)
+        for tid, value in self.program.constants.items():
+            self.env.setdefault(tid, value if self.device is None else value.to(self.device))
+
+    def stop(self, k: int) -> bool:
+        """Hook: True ends the iteration before kernel k, without raising (the profiler's
+        replays stop once nothing after k needs timing)."""
+        return False
+
     def before_kernel(self, k: int) -> None:
         """Hook: runs before kernel k (the executor moves tensors here)."""
 
@@ -302,32 +354,39 @@ class Replay:
         """Hook: runs after kernel k, before its dead tensors are freed."""
 
     def free(self, tid: int) -> None:
-        self.env.pop(tid, None)
+        """Hook: `tid`'s live range ended at the kernel just run (kept tensors stay)."""
+        if tid not in self.keep:
+            self.env.pop(tid, None)
 
-    # ---- the iteration ---------------------------------------------------------------
-    def run(self, inputs: Mapping[int, torch.Tensor], keep: Iterable[int] = ()) -> dict[int, torch.Tensor]:
-        """Run every kernel once. `inputs` maps input tensor ids to values.
-
-        Returns the graph outputs and the tensors listed in `keep`, by tensor id.
-        """
-        keep = set(keep)
-        self.keep = keep
-        p = self.program
-        self.env.clear()
-        self.env.update(inputs)
-        for tid, value in p.constants.items():
-            self.env.setdefault(tid, value if self.device is None else value.to(self.device))
-        for k in range(len(p.kernel_nodes)):
-            self.before_kernel(k)
-            self.execute_kernel(k)
-            self.after_kernel(k)
-            for tid in p.free_after[k]:
-                if tid not in keep:
-                    self.free(tid)
-        wanted = set(p.output_keys.values()) | keep
+    def finish(self) -> dict[int, torch.Tensor]:
+        """Hook: the graph outputs and the kept tensors, by tensor id, after the last kernel."""
+        wanted = set(self.program.output_keys.values()) | self.keep
         out = {tid: self.env[tid] for tid in wanted if tid in self.env}
         self.env.clear()
         return out
+
+    def stopped(self, k: int) -> dict[int, torch.Tensor]:
+        """Hook: what a run stopped before kernel k returns (nothing: the outputs were not made)."""
+        self.env.clear()
+        return {}
+
+    # ---- the iteration ---------------------------------------------------------------
+    def run(self, inputs: Mapping[int, torch.Tensor], keep: Iterable[int] = ()) -> dict[int, torch.Tensor]:
+        """Run every kernel once (the hook tree in the class doc). `inputs` maps input
+        tensor ids to values. Returns `finish()`: the graph outputs and the tensors listed
+        in `keep`, by tensor id."""
+        self.keep = set(keep)
+        self.begin(inputs)
+        frees = self.program.free_after
+        for k in range(len(self.program.kernel_nodes)):
+            if self.stop(k):
+                return self.stopped(k)
+            self.before_kernel(k)
+            self.execute_kernel(k)
+            self.after_kernel(k)
+            for tid in frees[k]:
+                self.free(tid)
+        return self.finish()
 
 
 @dataclass

@@ -222,7 +222,7 @@ def shared_storage(blocks, graph: TrainingGraph) -> list[tuple[int, int]]:
         table = []
     for k, entry in enumerate(table):
         if entry is not None:
-            a, b = at(entry[1], 2 * k + 1), at(p.kernel_outputs[k][0][0], 2 * k + 1)
+            a, b = at(entry.tensor, 2 * k + 1), at(p.kernel_outputs[k][0][0], 2 * k + 1)
             if a is not None and b is not None:
                 pairs.append((a, b))
     group = _union(len(blocks), pairs)

@@ -90,7 +90,7 @@ def measure_executor_overhead(memory, cost_model_of) -> ExecutorOverhead:
     """Run the calibration (module doc) on `memory`; `cost_model_of(graph, inputs)` profiles
     the calibration graph without overheads (the caller's cache and environment) and returns
     (its CostModel, its position seconds per kernel: the profiled work after each kernel)."""
-    from .executor import ExecutorSession
+    from .session import ExecutorSession
     from ..ir.plan import all_fast_plan, evict_all_activations_plan
     from ..planner import laid_out
     from ..checks.validate import validate

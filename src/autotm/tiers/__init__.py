@@ -8,6 +8,7 @@ with a copy stream for asynchronous moves; needs a CUDA GPU).
 
 from autotm.tiers.base import (
     MEMORY_SYSTEM_NAMES,
+    Capabilities,
     MemorySystem,
     Pending,
     SlowHandle,
@@ -55,6 +56,7 @@ def make_memory_system(name: str = "cpu+file", *, slow_dir: str | None = None,
 
 __all__ = [
     "MEMORY_SYSTEM_NAMES",
+    "Capabilities",
     "MemorySystem",
     "Pending",
     "SlowHandle",

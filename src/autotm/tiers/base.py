@@ -28,7 +28,7 @@ import warnings
 import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import torch
 
@@ -297,6 +297,33 @@ def make_private_dir(base: str | None, prefix: str, resources: Resources) -> str
 # ------------------------------------------------------------------------- interface
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a memory system offers beyond the interface every one implements. Callers read
+    these (``memory.capabilities``) instead of probing for methods.
+
+    Attributes:
+        read_into: ``to_fast(h, into=)`` reads into a caller's destination laid out as
+            ``read_span(h)`` says (cpu+file); the executor reads prefetches straight into
+            the plan's arena.
+        read_cache: the system keeps idle read buffers in fast memory:
+            ``cached_fast_bytes()`` counts them, ``release_cached()`` unmaps them (cpu+file);
+            the executor counts them against the budget.
+        async_engine: how asynchronous moves run when the system says: ``"aio"`` (Linux
+            native AIO) or ``"thread"`` (the I/O worker); None: the base I/O worker.
+        device_timed_moves: ``move_seconds(t)`` measures the moves on the device itself
+            (cuda+host); the profiler then needs no move fits of its own.
+
+    ``read_span`` and ``move_seconds`` are defined only by the systems that have them (the
+    profiler still tells them apart by the method's presence).
+    """
+
+    read_into: bool = False
+    read_cache: bool = False
+    async_engine: str | None = None
+    device_timed_moves: bool = False
+
+
 class MemorySystem(ABC):
     """A fast tier, a slow tier and the moves between them.
 
@@ -308,6 +335,7 @@ class MemorySystem(ABC):
         idle_sync_moves: a sync move leaves the compute thread idle, waiting on a device
             (the file tier's direct I/O); the profiler then measures what the kernels
             right after one lose (CostModel.wake_seconds).
+        capabilities: what it offers beyond this interface (Capabilities).
 
     Use as a context manager, or call ``close()``: it removes every file the system
     created (it also runs when the object is garbage-collected and at interpreter exit).
@@ -410,6 +438,31 @@ class MemorySystem(ABC):
             if id(h.location) in self._in_flight:
                 raise TierError(f"cannot free slow tensor {h.key}: an asynchronous read of it "
                                 "is still running (wait for it first)")
+
+    # ---- capabilities (Capabilities; the defaults: none)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities()
+
+    @property
+    def async_engine(self) -> str | None:
+        """How asynchronous moves run (Capabilities.async_engine)."""
+        return self.capabilities.async_engine
+
+    if TYPE_CHECKING:  # defined only where the capability is: the profiler probes for them
+        def read_span(self, h: SlowHandle) -> tuple[int, int]:
+            """(bytes a read of `h` writes, offset of the tensor's bytes in them): Capabilities.read_into."""
+
+        def move_seconds(self, t: torch.Tensor, load_kernels: int = 8) -> dict[tuple[str, str], float]:
+            """Each move of `t`'s bytes timed on the device: Capabilities.device_timed_moves."""
+
+    def cached_fast_bytes(self) -> int:
+        """Fast memory held in idle read buffers (Capabilities.read_cache); 0 without."""
+        return 0
+
+    def release_cached(self) -> None:
+        """Unmap the idle read buffers (Capabilities.read_cache)."""
 
     # ---- the fast device (no-ops for CPU systems; cuda+host overrides them)
 

@@ -47,6 +47,7 @@ from typing import Any, Callable
 import torch
 
 from autotm.tiers.base import (
+    Capabilities,
     MemorySystem,
     Pending,
     SlowHandle,
@@ -394,6 +395,10 @@ class CudaHostMemorySystem(MemorySystem):
         return CudaPending(tensor_on_bytes(dst, h.layout), done, start, self.fast_device)
 
     # ---- profiling
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(device_timed_moves=True)
 
     def move_seconds(self, t: torch.Tensor, load_kernels: int = 8) -> dict[tuple[str, str], float]:
         """Seconds of each move of `t`'s bytes, timed with CUDA events: sync moves on the

@@ -62,6 +62,7 @@ import torch
 from autotm.tiers import linux_aio
 from autotm.tiers.base import (
     PAGE,
+    Capabilities,
     MemorySystem,
     Pending,
     SlowHandle,
@@ -486,6 +487,10 @@ class FileMemorySystem(MemorySystem):
     def async_engine(self) -> str:
         """"aio" (Linux native AIO) or "thread" (the I/O worker): how async moves run."""
         return "aio" if self._aio is not None else "thread"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(read_into=True, read_cache=True, async_engine=self.async_engine)
 
     # ---- moves
 
