@@ -60,7 +60,7 @@ def one(model: str, session: str, preset: str, iterations: int, cache: str) -> d
     from autotm.runtime.session import ExecutorSession
     from autotm.ir.plan import all_fast_plan
     from autotm.planner import laid_out
-    from autotm.profile.profiler import profile_workload
+    from autotm.profile.workloads import profile_workload
     from autotm.runtime.overhead import measure_executor_overhead
     from autotm.tiers import make_memory_system
     from autotm.checks.validate import validate

@@ -75,7 +75,7 @@ class Check:
     # ------------------------------------------------------------------------ one workload
     def workload(self, w) -> None:
         from autotm.planner import InfeasibleBudget, plan
-        from autotm.profile.profiler import profile_workload
+        from autotm.profile.workloads import profile_workload
         from autotm.tiers import make_memory_system
         from autotm.runtime.verify import eager_reference
 

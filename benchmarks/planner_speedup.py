@@ -43,7 +43,7 @@ from _child import ChildFailed, emit, run_child
 
 from autotm.api import run_workload
 from autotm.planner import InfeasibleBudget, plan
-from autotm.profile.profiler import profile_workload
+from autotm.profile.workloads import profile_workload
 from autotm.runtime.overhead import measure_executor_overhead
 from autotm.tiers import make_memory_system
 from autotm.zoo import workload

@@ -56,7 +56,8 @@ from autotm.runtime.session import ExecutorSession
 from autotm.profile.pace import pace_probe_seconds
 from autotm.ir.plan import all_fast_plan, evict_all_activations_plan
 from autotm.planner import laid_out
-from autotm.profile.profiler import capture_real, profile
+from autotm.profile.profiler import profile
+from autotm.profile.workloads import capture_real
 from autotm.runtime.overhead import measure_executor_overhead
 from autotm.interpret.replay import TrainingState
 from autotm.checks.simulate import simulate

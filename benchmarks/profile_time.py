@@ -20,7 +20,8 @@ import time
 
 import torch
 
-from autotm.profile.profiler import capture_real, profile
+from autotm.profile.profiler import profile
+from autotm.profile.workloads import capture_real
 from autotm.runtime.overhead import measure_executor_overhead
 from autotm.zoo import workload
 

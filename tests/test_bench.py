@@ -10,7 +10,7 @@ import pytest
 from autotm.experiments import bench
 from autotm.experiments.bench import SweepOptions, kernel_io, move_stats, run_cells
 from autotm.planner import plan as make_plan
-from autotm.profile.profiler import profile_workload
+from autotm.profile.workloads import profile_workload
 from autotm.experiments.results import Record, ResultsStore
 from autotm.checks.validate import validate
 from autotm.zoo import workload

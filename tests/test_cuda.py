@@ -164,7 +164,7 @@ def test_executor_runs_on_the_memory_systems_fast_device(transformer_graph, tmp_
 
 
 def test_profile_environment_names_the_device():
-    from autotm.profile.profiler import cpu_model, environment
+    from autotm.profile.environment import cpu_model, environment
 
     assert environment("cpu+file") == environment("cpu+file", torch.device("cpu"))
     assert environment("cpu+file")["device"] == cpu_model()
@@ -280,7 +280,7 @@ def test_fast_capacity_caps_the_allocator(tmp_path):
 
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory):
-    from autotm.profile.profiler import profile_workload
+    from autotm.profile.workloads import profile_workload
     from autotm.zoo import workload
 
     w = workload("vgg19", "test")

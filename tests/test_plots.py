@@ -9,7 +9,7 @@ import pytest
 from autotm.experiments import bench, plots
 from autotm.experiments.bench import SweepOptions, run_cells
 from autotm.planner import plan as make_plan
-from autotm.profile.profiler import profile_workload
+from autotm.profile.workloads import profile_workload
 from autotm.experiments.results import store_for
 from autotm.checks.validate import validate
 from autotm.zoo import workload

@@ -22,22 +22,12 @@ from torch import nn
 
 from autotm.ir.costmodel import CostModel, MoveCost
 from autotm.ir.plan import all_fast_plan, evict_all_activations_plan
-from autotm.profile.profiler import (
-    MIN_BATCH_S,
-    MOVE_PHASES,
-    _fit_move,
-    _isotonic,
-    _matmul_seconds,
-    _while_computing,
-    _move_cost,
-    cost_model_from_spec,
-    environment,
-    load_spec,
-    move_rounds,
-    profile,
-    spec_names,
-    time_call,
-)
+from autotm.profile.environment import environment
+from autotm.profile.moves import MOVE_PHASES, _fit_move, _isotonic, _matmul_seconds, _move_cost, _while_computing, \
+    move_rounds
+from autotm.profile.profiler import profile
+from autotm.profile.roofline import cost_model_from_spec, load_spec, spec_names
+from autotm.profile.timing import MIN_BATCH_S, time_call
 from autotm.runtime.overhead import measure_executor_overhead
 from autotm.profile.cache import SCHEMA_VERSION, CacheWarning, ProfileCache, environment_key
 from autotm.checks.simulate import simulate
@@ -117,7 +107,7 @@ def test_wake_seconds_pool_each_signatures_excess_over_its_positions():
     # kernels a b a b c: a is 10 us slower cold, b 4 us slower as the second kernel after a
     # move; per position the warm times differ (a at 100 and 120 us) and one position's
     # samples are noise, which the median over a signature's positions rejects
-    from autotm.profile.profiler import wake_seconds
+    from autotm.profile.wake import wake_seconds
 
     sigs = ["a", "b", "a", "b", "c"]
     g = SimpleNamespace(kernels=[SimpleNamespace(signature=s) for s in sigs])
@@ -133,7 +123,7 @@ def test_wake_seconds_pool_each_signatures_excess_over_its_positions():
 
 
 def test_in_situ_rule():
-    from autotm.profile.profiler import LONG_KERNEL_S, MAX_ITERATIONS, insitu_done, insitu_estimate
+    from autotm.profile.timing import LONG_KERNEL_S, MAX_ITERATIONS, insitu_done, insitu_estimate
 
     assert not insitu_done([], 0, 0)
     assert not insitu_done([[1e-3, 1e-3]], 0, 0)  # too few samples
@@ -434,7 +424,8 @@ def test_signatures_differing_only_in_stride_or_padding_are_separate_entries(tin
 
 CHILD = TINY_SOURCE + textwrap.dedent('''
     import sys, time
-    from autotm.profile.profiler import profile, environment
+    from autotm.profile.environment import environment
+    from autotm.profile.profiler import profile
     from autotm.profile.cache import environment_key
     from autotm.tiers import make_memory_system
     g, inputs = tiny_graph()

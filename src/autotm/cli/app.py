@@ -106,7 +106,7 @@ def profile(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Time every unique kernel and the moves of a memory system, into the profile cache."""
-    from ..profile.profiler import profile_command
+    from .profile import profile_command
     from ..runtime.overhead import measure_executor_overhead
 
     profile_command(models, preset, batch, image, memory, cache, recache, as_json,
@@ -133,7 +133,7 @@ PIN_OPT = typer.Option(False, "--pin-params", help="Keep weights, optimizer stat
 
 def _prepare(model, preset, batch, image, memory, cache, budget=None, formulation="all-fast", pin_params=False):
     from ..planner.floor import check_before_profile
-    from ..profile.profiler import profile_workload
+    from ..profile.workloads import profile_workload
     from ..runtime.overhead import measure_executor_overhead
 
     w = _workload(model, preset, batch, image)

@@ -185,7 +185,7 @@ def timeline(
     """A memory timeline of one plan: fast-tier bytes over the kernels by tensor role, the budget, the moves."""
     from ..experiments import plots
     from ..planner import plan as make_plan
-    from ..profile.profiler import profile_workload
+    from ..profile.workloads import profile_workload
     from ..runtime.overhead import measure_executor_overhead
     from ..zoo import workload
 

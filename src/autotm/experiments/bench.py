@@ -58,7 +58,7 @@ def case_study_ratios() -> tuple[str, ...]:
 def access_of(memory: str) -> str:
     """"staged" or "direct", without opening the memory system."""
     if memory.startswith("sim:"):
-        from ..profile.profiler import load_spec
+        from ..profile.roofline import load_spec
 
         return load_spec(memory).access
     direct = {"cpu+mmap", "cpu+numa"}
@@ -381,7 +381,7 @@ def run_cells(cells: Sequence[Cell], store: ResultsStore, opts: SweepOptions, *,
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
         TimeRemainingColumn
 
-    from ..profile.profiler import profile_workload
+    from ..profile.workloads import profile_workload
     from ..runtime.overhead import measure_executor_overhead
 
     console = console or Console(stderr=True)

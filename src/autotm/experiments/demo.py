@@ -25,7 +25,7 @@ def run_demo(console: Console, *, model: str = "resnet50", budget: str = "4:1", 
              iterations: int = 3, time_limit: float = 8.0) -> bool:
     from ..api import run_workload
     from ..planner import plan as make_plan
-    from ..profile.profiler import capture_real, profile
+    from ..profile import capture_real, profile
     from ..runtime.overhead import measure_executor_overhead
     from ..tiers import cpu_arena, make_memory_system
     from ..runtime.verify import eager_reference

@@ -219,7 +219,7 @@ def environment() -> dict:
     """Where the numbers came from."""
     import torch
 
-    from ..profile.profiler import cpu_model
+    from ..profile.environment import cpu_model
 
     return {
         "torch": torch.__version__, "python": platform.python_version(), "cpu": cpu_model(),

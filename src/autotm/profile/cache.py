@@ -324,3 +324,11 @@ class ProfileCache:
 
     def put_workspace(self, env: str, signature: str, nbytes: int) -> None:
         self.put_value(env, self._WORKSPACE + signature, int(nbytes))
+
+
+def open_cache(cache: ProfileCache | str | os.PathLike | None) -> tuple[ProfileCache, bool]:
+    """(the cache, whether the caller opened it and must close it): a ProfileCache as it
+    is, a path or None (the default file) opened here."""
+    if isinstance(cache, ProfileCache):
+        return cache, False
+    return ProfileCache(cache), True
