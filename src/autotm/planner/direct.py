@@ -96,7 +96,8 @@ def direct_columns(V: Vars, graph: TrainingGraph, cost: CostModel, movable: list
         x.gaps += [DirectGap("gap", a + 1, b - 1, x.slow[i], x.slow[i + 1]) for i, (a, b) in enumerate(zip(uses, uses[1:]))]
         if t.id in pairs:
             x.gaps.append(DirectGap("final", uses[-1] + 1, n - 1, x.slow[-1], src=pairs[t.id]))
-        for g in x.gaps:
+        for i, g in enumerate(x.gaps):
+            g.tensor, g.index = t.id, i
             if g.kind != "initial":
                 g.wA, g.dA, g.wS = V.one(), V.one(), V.one(mv(s, "to_slow", "sync"))
                 if async_ and not g.empty:
@@ -124,7 +125,7 @@ def flow(tv: dict[int, DirectTensor]) -> Block:
         for g in v.gaps:
             if g.kind != "final":
                 leave = [g.wA, g.dA] if g.kind != "initial" else []
-                r.ones([g.after, g.pS, *g.pX.values()], 0.0, 0.0, minus=[g.before, *leave])
+                r.ones([g.after, g.pS, *g.pX.values()], 0.0, 0.0, minus=[g.before, *leave], key=g.row_key(r.family))
     return r.block()
 
 
@@ -133,7 +134,7 @@ def leave(tv: dict[int, DirectTensor]) -> Block:
     r = RowList("leave from fast")
     for _, gaps in leaving(tv):
         for g in gaps:
-            r.ones([g.wA, g.dA, g.before], -np.inf, 1.0)
+            r.ones([g.wA, g.dA, g.before], -np.inf, 1.0, key=g.row_key(r.family))
     return r.block()
 
 
@@ -144,9 +145,9 @@ def same_kernel(tv: dict[int, DirectTensor]) -> Block:
     for v in tv.values():
         for g in v.gaps:
             if g.kind == "gap" and g.empty:
-                r.ones([g.wA, g.dA, g.pS], -np.inf, 1.0)
+                r.ones([g.wA, g.dA, g.pS], -np.inf, 1.0, key=g.row_key(r.family))
             elif g.kind == "gap" and g.lo in g.pX:
-                r.ones([g.wA, g.dA, g.pX[g.lo]], -np.inf, 1.0)
+                r.ones([g.wA, g.dA, g.pX[g.lo]], -np.inf, 1.0, key=g.row_key(r.family))
     return r.block()
 
 
@@ -162,7 +163,7 @@ def steady_state(tv: dict[int, DirectTensor], pairs: dict[int, int]) -> Block:
             cols = [v.z] if v.z >= 0 else [v.gaps[-1].before, v.gaps[-1].wA, v.gaps[-1].dA]
         start = [tv[inp].start] if inp in tv and tv[inp].start >= 0 else []
         if cols or start:
-            r.ones(cols, 0.0, 0.0, minus=start)
+            r.ones(cols, 0.0, 0.0, minus=start, key=(1, 0, 0, 0))  # (after every tensor's rows)
     return r.block()
 
 
@@ -263,11 +264,12 @@ def solve_direct(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
         kern = graph.kernels[k]
         ops = operand_tensors(kern.inputs, kern.outputs)
         slow_at = {t: tv[t].slow[tv[t].uses.index(k)] for t in ops if t in tv}
-        const, terms, is_config = kernel_time_terms(V, config, cost, k, ops, slow_at)
+        # (each kernel's rows after every tensor's and the steady state's, its config rows first)
+        const, terms, is_config = kernel_time_terms(V, config, cost, k, ops, slow_at, key=(2, k, 0, 0))
         configs[k] = (ops, const, terms, is_config)
         if k in terms_at:
             overlaps[k] = fam.async_overlap_at(V, overlap, terms_at[k], share_max, y_lower=0.0, kernel_const=const,
-                                               kernel_terms=terms, kernel_row=True)
+                                               kernel_terms=terms, kernel_row=True, key=(2, k, 1, 0))
         else:
             constant += const
             for col, coef in terms:

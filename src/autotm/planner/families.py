@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from ..ir.costmodel import CostModel
-from .model import FEASIBILITY_TOL, SCALE, Block, RowList, StagedLayout, Vars
+from .model import FEASIBILITY_TOL, SCALE, Block, RowKey, RowList, StagedLayout, Vars
 
 # (column, seconds of the whole copy, its marginal seconds beside others, interference share)
 AsyncTerm = tuple[int, float, float, float]
@@ -38,6 +38,8 @@ class Moves(Protocol):
 
     def evicts_at(self) -> list[tuple[int, int]]: ...
 
+    def row_key(self, family: str) -> RowKey: ...
+
     def prefetches_at(self) -> list[tuple[int, int]]: ...
 
 
@@ -47,7 +49,7 @@ def evict_choice(segments: Iterable[Moves]) -> Block:
     (a write is sync at the segment's start, sync later, or async over one kernel)."""
     r = RowList("evict choice")
     for g in segments:
-        r.ones([g.wS, *g.wL.values(), *g.wX.values()], 0.0, 0.0, minus=[g.wA])
+        r.ones([g.wS, *g.wL.values(), *g.wX.values()], 0.0, 0.0, minus=[g.wA], key=g.row_key(r.family))
     return r.block()
 
 
@@ -61,7 +63,7 @@ def prefetch_choice(layout: StagedLayout) -> Block:
         if sv.seg.kind == "final":
             continue
         absent = [layout.start_slow[tid]] if sv.seg.kind == "initial" else [sv.wA, sv.dA]
-        r.ones([sv.pS, *sv.pE.values(), *sv.pX.values()], 0.0, 0.0, minus=absent)
+        r.ones([sv.pS, *sv.pE.values(), *sv.pX.values()], 0.0, 0.0, minus=absent, key=sv.row_key(r.family))
     return r.block()
 
 
@@ -74,7 +76,7 @@ def drop_needs_copy(tensors: Iterable[tuple[int, Sequence[Moves]]]) -> Block:
     for first, segs in tensors:
         prior: list[int] = [first] if first >= 0 else []
         for g in segs:
-            r.ones([g.dA], -np.inf, 0.0, minus=prior)
+            r.ones([g.dA], -np.inf, 0.0, minus=prior, key=g.row_key(r.family))
             prior = prior + [g.wA]
     return r.block()
 
@@ -86,7 +88,7 @@ def one_write(tensors: Iterable[tuple[int, Sequence[Moves]]]) -> Block:
     for first, segs in tensors:
         cols = [g.wA for g in segs] + ([first] if first >= 0 else [])
         if len(cols) > 1:
-            r.ones(cols, -np.inf, 1.0)
+            r.ones(cols, -np.inf, 1.0, key=segs[-1].row_key(r.family))
     return r.block()
 
 
@@ -100,7 +102,7 @@ def steady_state(layout: StagedLayout) -> Block:
             continue
         src = layout.carried_output_of.get(tid)
         src_st = layout.start_slow.get(src, -1) if src is not None else -1
-        r.ones([sv.wA, sv.dA], 0.0, 0.0, minus=[src_st] if src_st >= 0 else [])
+        r.ones([sv.wA, sv.dA], 0.0, 0.0, minus=[src_st] if src_st >= 0 else [], key=sv.row_key(r.family))
     return r.block()
 
 
@@ -119,7 +121,7 @@ def evict_before_prefetch(segments: Iterable[Moves]) -> Block:
         for j in sorted({F for F, _ in pf if F <= last_e}):
             cols = [col for E, col in ev if E >= j] + [col for F, col in pf if F <= j]
             if len(cols) > 1:
-                r.ones(cols, -np.inf, 1.0)
+                r.ones(cols, -np.inf, 1.0, key=g.row_key(r.family))
     return r.block()
 
 
@@ -225,7 +227,7 @@ class Overlap:
 
 def async_overlap_at(V: Vars, r: RowList, terms: list[AsyncTerm], share_max: float, *, y_lower: float,
                      kernel_const: float, kernel_terms: Sequence[tuple[int, float]] = (),
-                     kernel_row: bool = False) -> Overlap:
+                     kernel_row: bool = False, key: RowKey | None = None) -> Overlap:
     """Async overlap at one kernel c (adds y[c] >= 0 with cost 1, and z[c] if needed):
         y >= sum_m a_m x_m + z,   z >= (m_m - a_m) x_m  for each copy m with m_m > a_m
         y >= K + sum_m g_m a_m x_m + g* z        (only if some copy slows the kernel)
@@ -234,7 +236,8 @@ def async_overlap_at(V: Vars, r: RowList, terms: list[AsyncTerm], share_max: flo
     CostModel.async_marginal_seconds; g_m its interference share, g* = share_max): one
     copy's fixed cost shows, each other adds its marginal (the plain sum when copies do
     not overlap); the kernel computes slower while copies are in flight. K = kernel_const
-    + sum coef x over kernel_terms (the operands' placement, direct access)."""
+    + sum coef x over kernel_terms (the operands' placement, direct access). `key`: the
+    rows' place in the model (Rows.coo)."""
     y = V.one(1.0, lower=y_lower, upper=np.inf, integer=False)
     cols = [t for t, _, _, _ in terms] + [y]
     vals = [a for _, _, a, _ in terms] + [-1.0]
@@ -245,10 +248,10 @@ def async_overlap_at(V: Vars, r: RowList, terms: list[AsyncTerm], share_max: flo
         cols.append(z)
         vals.append(1.0)
         for t, e in extra:
-            r.add([t, z], [e, -1.0], -np.inf, 0.0)
-    r.add(cols, vals, -np.inf, 0.0)
+            r.add([t, z], [e, -1.0], -np.inf, 0.0, key)
+    r.add(cols, vals, -np.inf, 0.0, key)
     if kernel_row:
-        r.add([c for c, _ in kernel_terms] + [y], [v for _, v in kernel_terms] + [-1.0], -np.inf, -kernel_const)
+        r.add([c for c, _ in kernel_terms] + [y], [v for _, v in kernel_terms] + [-1.0], -np.inf, -kernel_const, key)
     shares = [g for _, _, _, g in terms]
     if any(shares) or (z is not None and share_max):
         cols = [c for c, _ in kernel_terms] + [t for t, _, _, _ in terms] + [y]
@@ -256,7 +259,7 @@ def async_overlap_at(V: Vars, r: RowList, terms: list[AsyncTerm], share_max: flo
         if z is not None:
             cols.append(z)
             vals.append(share_max)
-        r.add(cols, vals, -np.inf, -kernel_const)
+        r.add(cols, vals, -np.inf, -kernel_const, key)
     return Overlap(y, z, terms)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
@@ -24,6 +25,8 @@ from .segments import Segment
 SCALE = float(2**10)
 MARGIN_BYTES = 0.0
 FEASIBILITY_TOL = 1e-9  # HiGHS's primal and MIP feasibility tolerances (families.capacity)
+
+RowKey = tuple[int, int, int, int]  # (phase, tensor or kernel, segment, slot): Rows.coo
 
 # tensors that stay in fast memory under direct access (the batch, the loss, scalars, constants)
 FIXED_FAST = (Role.INPUT, Role.SCALAR, Role.CONSTANT, Role.OUTPUT)
@@ -75,13 +78,15 @@ class Vars:
 @dataclass(frozen=True)
 class Block:
     """The rows of one constraint family as COO triples: `rows` count from 0 within the
-    block; lo <= A x <= hi per row."""
+    block; lo <= A x <= hi per row. `keys` (one 4-tuple per row, or None): where each row
+    goes in the model passed to the solver (Rows.coo)."""
     family: str
     rows: np.ndarray
     cols: np.ndarray
     vals: np.ndarray
     lo: np.ndarray
     hi: np.ndarray
+    keys: np.ndarray | None = None
 
     @property
     def count(self) -> int:
@@ -104,22 +109,28 @@ class RowList:
         self.v: list[float] = []
         self.lo: list[float] = []
         self.hi: list[float] = []
+        self.keys: list[RowKey] = []
 
-    def add(self, cols: Sequence[int], vals: Sequence[float], lo: float, hi: float) -> None:
+    def add(self, cols: Sequence[int], vals: Sequence[float], lo: float, hi: float, key: RowKey | None = None) -> None:
+        assert not self.lo or (key is None) == (not self.keys), "keys for every row or for none"
+        if key is not None:
+            self.keys.append(key)
         self.r.extend([len(self.lo)] * len(cols))
         self.c.extend(int(c) for c in cols)
         self.v.extend(float(v) for v in vals)
         self.lo.append(lo)
         self.hi.append(hi)
 
-    def ones(self, cols: Sequence[int], lo: float, hi: float, minus: Sequence[int] = ()) -> None:
+    def ones(self, cols: Sequence[int], lo: float, hi: float, minus: Sequence[int] = (),
+             key: RowKey | None = None) -> None:
         """sum cols - sum minus in [lo, hi]."""
-        self.add(list(cols) + list(minus), [1.0] * len(cols) + [-1.0] * len(minus), lo, hi)
+        self.add(list(cols) + list(minus), [1.0] * len(cols) + [-1.0] * len(minus), lo, hi, key)
 
     def block(self) -> Block:
         return Block(self.family, np.asarray(self.r, dtype=np.int64), np.asarray(self.c, dtype=np.int64),
                      np.asarray(self.v, dtype=float), np.asarray(self.lo, dtype=float),
-                     np.asarray(self.hi, dtype=float))
+                     np.asarray(self.hi, dtype=float),
+                     np.asarray(self.keys, dtype=np.int64).reshape(-1, 4) if self.keys else None)
 
 
 def concat(family: str, blocks: Iterable[Block]) -> Block:
@@ -167,15 +178,29 @@ class Rows:
         return tuple(FamilyStats(name, int(r), int(nz), float(s)) for name, (r, nz, s) in self._stats.items())
 
     def coo(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(rows, cols, vals, lo, hi) of every block, rows numbered across blocks."""
+        """(rows, cols, vals, lo, hi) of every block, rows numbered across blocks: first the
+        rows with keys, in key order (ties in the order added), then the others in the
+        order added. The keys give the rows the order the formulations always had (tensor
+        by tensor, segment by segment): the solver's path, and so the plan it returns at a
+        gap or a time limit, depends on it."""
         b = concat("all", self.blocks)
-        return b.rows, b.cols, b.vals, b.lo, b.hi
+        keyed = np.concatenate([np.full(x.count, x.keys is not None) for x in self.blocks]) if self.blocks \
+            else np.zeros(0, dtype=bool)
+        keys = np.concatenate([x.keys for x in self.blocks if x.keys is not None]) if keyed.any() \
+            else np.zeros((0, 4), dtype=np.int64)
+        pos = np.flatnonzero(keyed)
+        order = np.concatenate([pos[np.lexsort((pos, keys[:, 3], keys[:, 2], keys[:, 1], keys[:, 0]))],
+                                np.flatnonzero(~keyed)])
+        new = np.empty(len(order), dtype=np.int64)
+        new[order] = np.arange(len(order))
+        return new[b.rows], b.cols, b.vals, b.lo[order], b.hi[order]
 
 
 @dataclass
 class SegVars:
     """The staged model's columns for one segment of one tensor (staged.py's notation);
-    -1 where absent."""
+    -1 where absent. SLOTS: where a family's row of the segment goes among the segment's
+    rows (row_key)."""
     seg: Segment
     nbytes: int
     wA: int = -1
@@ -187,9 +212,15 @@ class SegVars:
     wL: dict[int, int] = field(default_factory=dict)  # kernel -> column: a later sync write (before that kernel)
     pE: dict[int, int] = field(default_factory=dict)  # kernel -> column: an earlier sync prefetch
 
+    SLOTS: ClassVar[dict[str, int]] = {"drop needs a slow copy": 0, "evict choice": 1, "prefetch choice": 2,
+                                       "steady state": 2, "evict before prefetch": 3, "one write": 9}
+
     @property
     def empty(self) -> bool:
         return self.seg.end < self.seg.start
+
+    def row_key(self, family: str) -> RowKey:
+        return (0, self.seg.tensor, self.seg.index, self.SLOTS[family])
 
     def evicts_at(self) -> list[tuple[int, int]]:
         """(kernel of the action, column) of the evicts that can meet a prefetch of the
@@ -270,10 +301,17 @@ class DirectGap:
     pX: dict[int, int] = field(default_factory=dict)
     wL: dict[int, int] = field(default_factory=dict)  # (none under direct access: families.Moves)
     pE: dict[int, int] = field(default_factory=dict)
+    tensor: int = -1
+    index: int = -1  # position among the tensor's gaps
+    SLOTS: ClassVar[dict[str, int]] = {"evict choice": 0, "leave from fast": 1, "drop needs a slow copy": 2, "flow": 3,
+                                       "same kernel": 4, "evict before prefetch": 5, "one write": 9}
 
     @property
     def empty(self) -> bool:
         return self.hi < self.lo
+
+    def row_key(self, family: str) -> RowKey:
+        return (0, self.tensor, self.index, self.SLOTS[family])
 
     def evicts_at(self) -> list[tuple[int, int]]:
         return list(self.wX.items())

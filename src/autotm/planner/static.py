@@ -36,7 +36,7 @@ from ..ir.plan_meta import SolverStats
 from . import families as fam
 from .floor import solver_infeasible
 from .highs_driver import Solve, highs_model, is_feasible, solve_model, solver_stats
-from .model import MARGIN_BYTES, SCALE, Block, RowList, Rows, Vars, movable
+from .model import MARGIN_BYTES, SCALE, Block, RowKey, RowList, Rows, Vars, movable
 from .segments import carried_pairs
 
 
@@ -152,7 +152,7 @@ def solve_static(graph: TrainingGraph, cost: CostModel, budget: int, *, time_lim
 
 
 def kernel_time_terms(V: Vars, R: RowList, cost: CostModel, k: int, ops: tuple[int, ...],
-                      slow: dict[int, int]) -> tuple[float, list[tuple[int, float]], bool]:
+                      slow: dict[int, int], key: RowKey | None = None) -> tuple[float, list[tuple[int, float]], bool]:
     """Kernel k's time as constant + sum coef * x[col]. `ops` are its operands in placement
     order; `slow` maps an operand to the binary column that says it is in slow memory at k
     (operands not in it are fast).
@@ -176,13 +176,13 @@ def kernel_time_terms(V: Vars, R: RowList, cost: CostModel, k: int, ops: tuple[i
         combos.append(tuple(c))
     if all(c in table or "slow" not in c for c in combos):
         vs = V.add(len(combos))
-        R.add(list(vs), [1.0] * len(vs), 1.0, 1.0)
+        R.add(list(vs), [1.0] * len(vs), 1.0, 1.0, key)
         for col, combo in zip(vs, combos):
             for i in free:
                 if combo[i] == "slow":
-                    R.add([int(col), slow[ops[i]]], [1.0, -1.0], -np.inf, 0.0)
+                    R.add([int(col), slow[ops[i]]], [1.0, -1.0], -np.inf, 0.0, key)
                 else:
-                    R.add([int(col), slow[ops[i]]], [1.0, 1.0], -np.inf, 1.0)
+                    R.add([int(col), slow[ops[i]]], [1.0, 1.0], -np.inf, 1.0, key)
         return 0.0, [(int(col), table.get(c, base) if "slow" in c else base) for col, c in zip(vs, combos)], True
     # additive, as CostModel.kernel_time does for partially profiled kernels
     terms = []
