@@ -189,3 +189,19 @@ def test_infeasible_after_the_solve_states_the_floor_not_less():
     assert e.value.minimum == floor.bytes > e.value.budget
     plan, _ = solve_direct(g, cm, floor.bytes, **opts)
     assert plan.budget_bytes == floor.bytes
+
+
+def test_each_family_is_counted_into_the_plans_solver_stats():
+    from autotm.ir.plan import Plan
+    from autotm.planner import plan
+
+    g = graph()
+    p = plan(g, cost(g), 1100, "synchronous", arena=False)
+    st = p.meta.solver
+    assert st is not None and st.status == "Optimal"
+    names = {f.name for f in st.families}
+    assert {"evict choice", "prefetch choice", "drop needs a slow copy", "one write", "steady state",
+            "capacity"} <= names
+    assert sum(f.rows for f in st.families) == st.rows and sum(f.nonzeros for f in st.families) == st.nonzeros
+    assert all(f.seconds >= 0 for f in st.families)
+    assert Plan.from_json(p.to_json()) == p  # saved with the plan
