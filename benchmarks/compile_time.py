@@ -126,8 +126,8 @@ def child(a) -> None:
                stages={**step.stage_seconds, "first_step": first}, compile_s=t_compiled, second_step_s=second,
                profile_parts=st.stage_seconds, measured=st.measured, cache_hits=st.cache_hits,
                move_samples_measured=st.move_samples_measured, iterations=st.iterations,
-               solve_s=m.get("solve_seconds"), status=m.get("status"), gap=m.get("gap"),
-               predicted_s=m.get("predicted_seconds"))
+               solve_s=m.solve_seconds, status=m.status, gap=m.gap,
+               predicted_s=m.predicted_seconds)
     step.close()
     emit(out)
 

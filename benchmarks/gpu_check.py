@@ -108,9 +108,9 @@ class Check:
                     else:
                         t1 = time.perf_counter()
                         p = all_fast(graph, cm) if f == "all-fast" else plan(graph, cm, r, f, time_limit=a.time_limit)
-                        rec.update(plan_seconds=time.perf_counter() - t1, budget_bytes=p.meta.get("budget_bytes"),
-                                   predicted_seconds=p.meta["predicted_seconds"], gap=p.meta.get("gap"),
-                                   solver_status=p.meta.get("status"))
+                        rec.update(plan_seconds=time.perf_counter() - t1, budget_bytes=p.meta.budget_bytes,
+                                   predicted_seconds=p.meta.predicted_seconds, gap=p.meta.gap,
+                                   solver_status=p.meta.status)
                         if a.verify_iterations and reference is None:
                             reference = eager_reference(w, a.verify_iterations, device=memory.fast_device)
                         rec.update(self.execute(w, graph, cm, p, memory, reference))
@@ -262,9 +262,10 @@ def all_fast(graph, cm):
     from autotm.ir.plan import all_fast_plan
     from autotm.checks.simulate import simulate
 
+    import dataclasses
+
     p = all_fast_plan(graph, memory_system=cm.memory_system, access=cm.access)
-    p.meta["predicted_seconds"] = simulate(p, graph, cm).predicted_seconds
-    return p
+    return dataclasses.replace(p, meta=dataclasses.replace(p.meta, predicted_seconds=simulate(p, graph, cm).predicted_seconds))
 
 
 def device_name(memory: str) -> str:

@@ -27,7 +27,7 @@ Each plan runs in a process of its own: sessions that ran before in the same pro
 25 % (resnet50 4:1 asynchronous: 4.03 s after first-touch and lru in the same process,
 3.20 s alone, minutes apart).
 
-"bound s" is the solver's lower bound (plan.meta["bound_seconds"]): no plan of that
+"bound s" is the solver's lower bound (plan.meta.bound_seconds): no plan of that
 formulation for that budget is predicted faster, so bound / all-fast predicted is how
 close to all-fast the formulation can come on this machine's measured costs.
 """
@@ -68,7 +68,7 @@ def _child(args) -> None:
                          trim_memory=False if planner.endswith("*") else None,
                          use_arena=not planner.endswith("-heap"))
         emit({"name": w.name, "measured": r.report.measured_seconds, "iterations": r.report.iteration_seconds,
-              "predicted": p.meta["predicted_seconds"], "bound": p.meta.get("bound_seconds"),
+              "predicted": p.meta.predicted_seconds, "bound": p.meta.bound_seconds,
               "moved": r.report.bytes_to_slow + r.report.bytes_to_fast})
 
 

@@ -42,8 +42,9 @@ from __future__ import annotations
 import argparse
 import time
 
+from autotm.ir.plan_meta import SolverStats
 from autotm.planner import _best_baseline, plan
-from autotm.planner.ilp import solve_staged
+from autotm.planner.staged import solve_staged
 from autotm.profile.profiler import profile
 from autotm.checks.simulate import simulate
 from autotm.frontend.workloads import capture_workload
@@ -71,7 +72,7 @@ def main() -> None:
         base = {}
         for b in ("lru", "first-touch"):
             try:
-                base[b] = plan(g, cm, args.ratio, b).meta["predicted_seconds"]
+                base[b] = plan(g, cm, args.ratio, b).meta.predicted_seconds
             except Exception as e:  # infeasible budget
                 base[b] = float("nan")
                 print(f"  {b}: {e}")
@@ -82,10 +83,11 @@ def main() -> None:
                 print(f"{w.name:<36} {f:<13} {type(e).__name__}: {e}")
                 continue
             m = p.meta
-            print(f"{w.name:<36} {f:<13} {len(g.kernels):>7} {m['variables']:>7} {m['rows']:>7} {m['nonzeros']:>9} "
-                  f"{m['build_seconds']:>7.1f} {m['solve_seconds']:>7.1f} {100 * m['gap']:>6.2f} "
-                  f"{m['predicted_seconds']:>9.2f} {m['predicted_seconds'] / base['lru']:>7.3f} "
-                  f"{m['predicted_seconds'] / base['first-touch']:>7.3f}", flush=True)
+            st = m.solver or SolverStats()
+            print(f"{w.name:<36} {f:<13} {len(g.kernels):>7} {st.variables:>7} {st.rows:>7} {st.nonzeros:>9} "
+                  f"{st.build_seconds:>7.1f} {m.solve_seconds:>7.1f} {100 * m.gap:>6.2f} "
+                  f"{m.predicted_seconds:>9.2f} {m.predicted_seconds / base['lru']:>7.3f} "
+                  f"{m.predicted_seconds / base['first-touch']:>7.3f}", flush=True)
         print(f"  (capture + profile + plans: {time.perf_counter() - t0:.0f} s; simulated on {args.spec})", flush=True)
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 import autotm
-from autotm.planner.ilp import InfeasibleBudget
+from autotm.errors import InfeasibleBudget
 
 
 @dataclass
@@ -53,7 +53,7 @@ def train_twins(model, make_optimizer, loss_fn, batches, *, budget="2:1", cache=
         step = autotm.compile(model, loss_fn, opt, batches[0], memory="cpu+file", budget=e.minimum * 11 // 10,
                               cache=cache, **compile_options)
     run = TwinRun(compile_seconds=time.perf_counter() - t0, kernels=len(step.graph.kernels),
-                  budget_bytes=int(step.plan.meta["budget_bytes"]), bytes_to_slow=int(step.plan.meta["bytes_to_slow"]),
+                  budget_bytes=int(step.plan.meta.budget_bytes), bytes_to_slow=int(step.plan.meta.bytes_to_slow),
                   follows_layout=step.session.executor.follows_layout, graph=step.graph)
     try:
         for i, batch in enumerate(batches):

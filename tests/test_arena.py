@@ -160,7 +160,7 @@ def test_every_plan_gets_a_layout_the_validator_accepts(case):
     q = with_arena(p, g)
     report = validate(q, g)  # checks every offset
     assert q.arena_bytes >= report.peak_fast_bytes
-    assert q.meta["fragmentation"] >= 0
+    assert q.meta.fragmentation >= 0
     steps = 2 * len(g.kernels)
     held = np.zeros(steps, dtype=np.int64)
     for b in report.fast_blocks:
@@ -177,17 +177,17 @@ def test_plan_re_solves_for_less_when_the_arena_does_not_fit():
     cm = cost_model(g, [1e-3] * 9, bw=5e6, latency=1e-5)
     budget = 20186
     p = plan(g, cm, budget, "synchronous", mip_gap=1e-6)
-    history = p.meta["defrag_history"]  # (budget solved for, arena, fragmentation, predicted)
+    history = p.meta.defrag_history  # (budget solved for, arena, fragmentation, predicted)
     # (and after the first plan that fits, one more solve from it for the same budget)
-    assert history[0][1] > budget and p.meta["defrag_retries"] == len({h[0] for h in history}) - 1 >= 1
-    assert p.meta["arena_fits"] and p.arena_bytes == p.meta["arena_bytes"] <= budget
-    assert p.meta["solver_budget_bytes"] < p.meta["requested_budget_bytes"] == budget
-    assert p.meta["predicted_seconds"] >= history[0][3]  # a lower budget costs time
+    assert history[0][1] > budget and p.meta.defrag_retries == len({h[0] for h in history}) - 1 >= 1
+    assert p.meta.arena_fits and p.arena_bytes == p.meta.arena_bytes <= budget
+    assert p.meta.solver_budget_bytes < p.meta.requested_budget_bytes == budget
+    assert p.meta.predicted_seconds >= history[0][3]  # a lower budget costs time
     validate(p, g)
-    assert validate(p, g).peak_fast_bytes <= p.meta["solver_budget_bytes"]
+    assert validate(p, g).peak_fast_bytes <= p.meta.solver_budget_bytes
     # without re-solving, the first plan comes back with a warning
     q = plan(g, cm, budget, "synchronous", mip_gap=1e-6, defrag_retries=0)
-    assert not q.meta["arena_fits"] and q.arena_bytes > budget and "exceeds the budget" in q.meta["warning"]
+    assert not q.meta.arena_fits and q.arena_bytes > budget and "exceeds the budget" in q.meta.warning
     assert plan(g, cm, budget, "synchronous", mip_gap=1e-6, arena=False).arena_bytes is None
 
 
@@ -212,16 +212,16 @@ def test_a_re_solve_starts_near_the_plan_that_did_not_fit_within_the_same_time_l
     monkeypatch.setattr(planner, "_solve", spied)
     limit = 20.0
     p = plan(g, cm, 20186, "synchronous", mip_gap=1e-6, time_limit=limit)
-    history = p.meta["defrag_history"]
+    history = p.meta.defrag_history
     assert len(calls) == len(history) >= 2
     assert calls[0] == (pytest.approx((1 - planner.RESOLVE_SHARE) * limit), None)
     for (t, previous), before in zip(calls[1:], history):
         assert planner.RESOLVE_SHARE * limit <= t < limit
-        assert previous is not None and previous.meta["solver_budget_bytes"] == before[0]
-    assert p.meta["status"] == "Optimal" and not p.meta["polish"]  # (its gap: to the bound at the budget asked)
+        assert previous is not None and previous.meta.solver_budget_bytes == before[0]
+    assert p.meta.status == "Optimal" and not p.meta.polish  # (its gap: to the bound at the budget asked)
     assert history[-1][1] <= 20186 < min(h[1] for h in history[:-1])
-    assert "previous attempt" in p.meta["searched_near"]
-    assert p.meta["arena_fits"] and validate(p, g).peak_fast_bytes <= p.meta["solver_budget_bytes"]
+    assert "previous attempt" in p.meta.searched_near
+    assert p.meta.arena_fits and validate(p, g).peak_fast_bytes <= p.meta.solver_budget_bytes
 
 
 def _overlap(a, b):
@@ -285,7 +285,7 @@ def test_no_re_solve_goes_under_the_smallest_feasible_budget(monkeypatch):
     whole time limit; and a defrag cut that would go under it stops there instead (the
     re-solve then has the most room for a layout that any plan can have)."""
     import autotm.planner as planner
-    from autotm.planner.ilp import smallest_budget
+    from autotm.planner.staged import smallest_budget
 
     sizes = [3072, 8192, 8192, 1024, 8192, 1024, 5120, 7168, 6144]
     kernels = [([], [0]), ([], [1]), ([], [2]), ([2], [3]), ([0], [4]), ([0, 3], [5]), ([], [6]), ([2, 5], [7]),
@@ -305,11 +305,11 @@ def test_no_re_solve_goes_under_the_smallest_feasible_budget(monkeypatch):
     monkeypatch.setattr(planner, "_solve", spied)
     p = plan(g, cm, floor, "synchronous", mip_gap=1e-6, time_limit=20.0)
     # (the whole limit, less what the call spent before the solve: it bounds the call)
-    assert [b for b, _ in calls] == [floor] and 19.0 < calls[0][1] <= 20.0 and len(p.meta["defrag_history"]) == 1
+    assert [b for b, _ in calls] == [floor] and 19.0 < calls[0][1] <= 20.0 and len(p.meta.defrag_history) == 1
     # a cut past the floor (as a plan fragmenting by a third would ask) is cut back to it
     calls.clear()
     monkeypatch.setattr(planner, "defrag_cut", lambda cut, limit, *a: limit)
     p = plan(g, cm, 20186, "synchronous", mip_gap=1e-6, time_limit=20.0)
     assert [b for b, _ in calls] == [20186, floor]
-    assert p.meta["arena_fits"] and p.meta["solver_budget_bytes"] == floor
+    assert p.meta.arena_fits and p.meta.solver_budget_bytes == floor
     validate(p, g)

@@ -29,8 +29,8 @@ def test_compiled_training_matches_eager_and_updates_the_model(tmp_path):
         assert stages.count("profile") > 1
         assert set(step.stage_seconds) == {"capture", "profile", "plan", "session"}
         assert step.profile_stats.measured > 0 and step.profile_stats.stage_seconds["kernels"] > 0
-        assert step.plan.meta["budget_bytes"] < step.graph.peak_live_bytes
-        assert step.plan.meta["bytes_to_slow"] > 0
+        assert step.plan.meta.budget_bytes < step.graph.peak_live_bytes
+        assert step.plan.meta.bytes_to_slow > 0
         for x, y in data:
             eager_opt.zero_grad(set_to_none=True)
             expected = loss_fn(eager(x), y)
@@ -41,6 +41,6 @@ def test_compiled_training_matches_eager_and_updates_the_model(tmp_path):
             assert torch.equal(a, b), n
         for p_e, p in zip(eager.parameters(), model.parameters()):
             assert torch.equal(eager_opt.state[p_e]["momentum_buffer"], opt.state[p]["momentum_buffer"])
-        assert step.report().peak_fast_bytes <= step.plan.meta["budget_bytes"]
+        assert step.report().peak_fast_bytes <= step.plan.meta.budget_bytes
     finally:
         step.close()

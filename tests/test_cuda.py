@@ -319,7 +319,7 @@ def test_plans_run_on_the_gpu_and_match_eager(profiled, formulation):
     if formulation in ("lru", "synchronous", "asynchronous"):  # 2/3 of the peak: something leaves the GPU
         assert r.report.bytes_to_slow > 0
     if formulation == "asynchronous":
-        assert any(m.mode == "async" for m in r.report.moves) or p.meta["moves"] == 0
+        assert any(m.mode == "async" for m in r.report.moves) or p.meta.moves == 0
 
 
 @needs_cuda

@@ -43,7 +43,7 @@ def plans_exactly_at_the_minimum(g, cm, formulation, time_limit=1.0, arena=False
     extra = accounting(g, ws, opts.get("pin_params", False)).flat_extra
     v = validate(p, g, budget_bytes=minimum + extra, reserved_bytes=ws if ws.any() else None)
     assert v.peak_fast_bytes <= minimum + extra
-    assert p.meta["budget_bytes"] == minimum
+    assert p.meta.budget_bytes == minimum
     with pytest.raises(InfeasibleBudget) as e:
         plan(g, cm, minimum - 1, formulation, arena=False, time_limit=time_limit, **opts)
     assert e.value.minimum == minimum
@@ -93,7 +93,7 @@ def test_every_planner_plans_at_its_reported_minimum_for_every_zoo_model(model, 
     assert floors["synchronous"] == floors["asynchronous"] >= floors["lru"]
     assert floors["first-touch"] >= floors["lru"]
     # "min" is the same budget
-    assert plan(g, staged, "min", "lru", arena=False).meta["budget_bytes"] == floors["lru"]
+    assert plan(g, staged, "min", "lru", arena=False).meta.budget_bytes == floors["lru"]
     if not solved:
         assert minimum_of_the_tightest_plan(g, direct, "static", tightest_direct_plan(g)) <= floors["synchronous"]
         return
@@ -233,13 +233,13 @@ def test_all_fast_over_a_budget_says_so():
                                                ([0, 5], [6])], outputs=(6,), roles={6: Role.OUTPUT})
     cm = cost_model(g, [1.0] * 6)
     p = plan(g, cm, 102, "all-fast")
-    assert p.meta["fits_budget"] is False and p.meta["arena_fits"] is False
-    assert "all-fast ignores the budget" in p.meta["warning"] and "x the budget of 102 bytes" in p.meta["warning"]
+    assert p.meta.fits_budget is False and p.meta.arena_fits is False
+    assert "all-fast ignores the budget" in p.meta.warning and "x the budget of 102 bytes" in p.meta.warning
     p = plan(g, cm, 201, "all-fast", arena=False)
-    assert p.meta["fits_budget"] is True and not p.meta.get("warning")
-    assert plan(g, cm, None, "all-fast").meta["fits_budget"] is True
+    assert p.meta.fits_budget is True and not p.meta.warning
+    assert plan(g, cm, None, "all-fast").meta.fits_budget is True
     p = plan(g, cm, "min", "synchronous", arena=False)
-    assert p.meta["fits_budget"] is True and p.meta["budget_bytes"] == 102
+    assert p.meta.fits_budget is True and p.meta.budget_bytes == 102
 
 
 def test_the_demo_falls_back_to_the_smallest_budget_every_planner_fits():
@@ -274,7 +274,7 @@ def test_the_demo_runs_where_4_to_1_is_infeasible(tmp_path, monkeypatch):
     at the fallback budget, bit-identical to eager PyTorch."""
     from rich.console import Console
 
-    import autotm.profile as profile_module
+    import autotm.profile.profiler as profile_module  # (where the demo takes profile from)
     from autotm.experiments.demo import run_demo
 
     real = profile_module.profile
@@ -321,9 +321,9 @@ def test_compile_fails_fast_under_the_floor_and_trains_at_min(tmp_path):
     eager_opt = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
     step = autotm.compile(model, loss_fn, opt, data[0], budget="min", formulation="lru", cache=str(cache))
     try:
-        minimum = step.plan.meta["budget_bytes"]
+        minimum = step.plan.meta.budget_bytes
         assert minimum == autotm.planner.smallest_feasible_budget(step.graph, step.cost_model, "lru").bytes
-        assert step.plan.meta["bytes_to_slow"] > 0
+        assert step.plan.meta.bytes_to_slow > 0
         for x, y in data:
             eager_opt.zero_grad(set_to_none=True)
             expected = loss_fn(eager(x), y)

@@ -7,7 +7,7 @@ import highspy
 import numpy as np
 import pytest
 
-from autotm.planner import ilp, plan
+from autotm.planner import highs_driver, plan
 from autotm.planner.highs_worker import improve_start, request, rins, run_isolated
 from autotm.checks.simulate import simulate
 from autotm.checks.validate import validate
@@ -18,7 +18,7 @@ def knapsack(n=40, seed=0):
     """max value s.t. weight <= capacity, as a minimization: a MIP HiGHS branches on."""
     rng = np.random.default_rng(seed)
     w, v = rng.integers(10, 100, n).astype(float), rng.integers(10, 100, n).astype(float)
-    h = ilp._quiet_highs(highspy)
+    h = highs_driver.quiet_highs(highspy)
     h.setOptionValue("output_flag", False)
     h.setOptionValue("mip_rel_gap", 0.0)
     h.setOptionValue("time_limit", 30.0)
@@ -74,13 +74,13 @@ def test_plans_solved_in_a_worker_are_the_plans_solved_in_process(monkeypatch):
     g = chain_with_one_big_activation()
     cm = cost_model(g, [1.0] * 6)
     inproc = {f: plan(g, cm, 102, f, arena=False, mip_gap=1e-6) for f in ("synchronous", "asynchronous")}
-    monkeypatch.setattr(ilp, "ISOLATE_MIN_INTEGERS", 0)  # every model to the worker
+    monkeypatch.setattr(highs_driver, "ISOLATE_MIN_INTEGERS", 0)  # every model to the worker
     for f, q in inproc.items():
         p = plan(g, cm, 102, f, arena=False, mip_gap=1e-6)
         assert validate(p, g).peak_fast_bytes <= 102
-        assert simulate(p, g, cm).predicted_seconds == pytest.approx(q.meta["predicted_seconds"], rel=1e-9)
-        assert p.meta["bound_seconds"] == pytest.approx(q.meta["bound_seconds"], rel=1e-6)
-        assert p.meta["status"] == "Optimal"
+        assert simulate(p, g, cm).predicted_seconds == pytest.approx(q.meta.predicted_seconds, rel=1e-9)
+        assert p.meta.bound_seconds == pytest.approx(q.meta.bound_seconds, rel=1e-6)
+        assert p.meta.status == "Optimal"
 
 
 @pytest.mark.parametrize("seed", range(4))

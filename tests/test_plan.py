@@ -10,6 +10,7 @@ import pytest
 
 from autotm.errors import AutotmError
 from autotm.ir.graph import Kernel, Role, Tensor, TrainingGraph, check
+from autotm.ir.plan_meta import FamilyStats, PlanMeta, SolverStats
 from autotm.ir.plan import (
     PLAN_VERSION,
     Action,
@@ -139,7 +140,9 @@ def test_evict_all_activations_rejects_unknown_mode():
 def test_json_round_trip(tmp_path):
     g = graph_with_users((2, 3, 6, 9), 10)
     plan = dataclasses.replace(evict_all_activations_plan(g, "async", budget_bytes=123),
-                               meta={"solve_seconds": 1.5, "gap": 0.01, "rows": 7})
+                               meta=PlanMeta(solve_seconds=1.5, gap=0.01, defrag_history=((123, 200, 0.5, 1.0),),
+                                             solver=SolverStats(rows=7, bound=None, families=(
+                                                 FamilyStats("capacity", 3, 9, 0.01),))))
     tps = list(plan.tensors)
     tps[0] = TensorPlan(0, "slow", (P(0), Action("drop", 2, "async")))
     tps[1] = TensorPlan(1, "fast", (Action("evict", 1, "sync", keep_fast=True), D(4, "async")))
@@ -153,6 +156,16 @@ def test_json_round_trip(tmp_path):
     path = plan.save(tmp_path / "sub" / "plan.json")
     assert Plan.load(path) == plan
     assert Plan.load(str(path)).for_graph(g) == plan
+
+
+def test_a_plan_file_of_an_older_version_keeps_its_meta():
+    # meta was a free-form object: the keys PlanMeta knows are read, others are ignored
+    g = graph_with_users((2, 3), 10)
+    d = json.loads(all_fast_plan(g).to_json())
+    d["meta"] = {"predicted_seconds": 2.5, "gap": 0.0, "rows": 12, "variables": 40, "defrag_history": [[1, 2, 0.1, 2.5]]}
+    p = Plan.from_dict(d)
+    assert p.meta == PlanMeta(predicted_seconds=2.5, defrag_history=((1, 2, 0.1, 2.5),))
+    assert Plan.from_json(p.to_json()) == p
 
 
 def test_json_round_trip_of_empty_plan():

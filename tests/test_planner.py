@@ -13,8 +13,8 @@ from autotm.ir.budget import parse_budget
 from autotm.ir.costmodel import CostModel, MoveCost
 from autotm.ir.graph import Role
 from autotm.planner import InfeasibleBudget, plan
-from autotm.planner import ilp
-from autotm.planner.ilp import default_min_tensor_bytes, min_tensor_bytes_for, minimum_budget, solve_staged
+from autotm.planner import highs_driver, staged
+from autotm.planner.staged import default_min_tensor_bytes, min_tensor_bytes_for, minimum_budget, solve_staged
 from autotm.planner.segments import tensor_segments
 from autotm.checks.simulate import simulate
 from autotm.checks.validate import validate
@@ -54,9 +54,9 @@ def test_synchronous_optimum_by_hand():
     g = chain_with_one_big_activation()
     cm = cost_model(g, [1.0] * 6)
     p = plan(g, cm, 201, "synchronous", arena=False)
-    assert p.meta["predicted_seconds"] == pytest.approx(6.0)  # fits: no moves
+    assert p.meta.predicted_seconds == pytest.approx(6.0)  # fits: no moves
     p = plan(g, cm, 102, "synchronous", arena=False)
-    assert p.meta["predicted_seconds"] == pytest.approx(6.0 + 0.1 + 0.1)
+    assert p.meta.predicted_seconds == pytest.approx(6.0 + 0.1 + 0.1)
     acts = {tp.id: tp.actions for tp in p.tensors}
     assert [(a.kind, a.at, a.mode) for a in acts[0]] in (
         [("evict", k, "sync"), ("prefetch", m, "sync")] for k in (1, 2) for m in (4, 5))
@@ -67,29 +67,29 @@ def test_asynchronous_hides_the_copies_under_kernels():
     g = chain_with_one_big_activation()
     cm = cost_model(g, [1.0] * 6)
     p = plan(g, cm, 102, "asynchronous", arena=False)
-    assert p.meta["predicted_seconds"] == pytest.approx(6.0)
+    assert p.meta.predicted_seconds == pytest.approx(6.0)
     big = next(tp for tp in p.tensors if tp.id == 0)
     assert [(a.kind, a.at, a.mode) for a in big.actions] == [("evict", 1, "async"), ("prefetch", 4, "async")]
     # when the async copies are slow (10 s each), synchronous moves are the better choice
     slow = cost_model(g, [1.0] * 6, bw=1000.0, async_bw=10.0)
     q = plan(g, slow, 102, "asynchronous", arena=False)
-    assert q.meta["predicted_seconds"] == pytest.approx(6.2)
+    assert q.meta.predicted_seconds == pytest.approx(6.2)
 
 
 def test_a_synchronous_start_is_made_asynchronous_before_the_solver_runs(monkeypatch):
     # the start HiGHS gets is the synchronous plan with its copies moved under kernels where
-    # they fit (ilp._overlap_greedily): already the optimum here (the solver, watched, not replaced)
+    # they fit (warm_start.overlap_greedily): already the optimum here (the solver, watched, not replaced)
     g = chain_with_one_big_activation()
     cm = cost_model(g, [1.0] * 6)
     sync_plan, _ = solve_staged(g, cm, 102, formulation="synchronous")
     assert simulate(sync_plan, g, cm).predicted_seconds == pytest.approx(6.2)
     starts = []
-    solve = ilp.solve_model
+    solve = staged.solve_model
 
     def watched(h, highspy, lp, x0, constant, *args, **kwargs):
         starts.append(float(lp.col_cost_ @ x0 + constant))
         return solve(h, highspy, lp, x0, constant, *args, **kwargs)
-    monkeypatch.setattr(ilp, "solve_model", watched)
+    monkeypatch.setattr(staged, "solve_model", watched)
     p, _ = solve_staged(g, cm, 102, formulation="asynchronous", warm_start=sync_plan)
     assert starts == [pytest.approx(6.0)]
     validate(p, g, budget_bytes=102)
@@ -104,7 +104,7 @@ def test_sync_copies_go_where_the_kernels_after_them_wake_cheaply():
     p = plan(g, cm, 102, "synchronous", arena=False)
     big = next(tp for tp in p.tensors if tp.id == 0)
     assert [(a.kind, a.at, a.mode) for a in big.actions] == [("evict", 2, "sync"), ("prefetch", 5, "sync")]
-    assert p.meta["predicted_seconds"] == pytest.approx(6.2 + 0.03)
+    assert p.meta.predicted_seconds == pytest.approx(6.2 + 0.03)
     assert simulate(p, g, cm).wake_seconds == pytest.approx(0.03)
 
 
@@ -121,7 +121,7 @@ def test_a_sync_copy_moves_inside_its_gap_to_where_waking_is_cheap():
     g = make_graph(sizes, kernels, outputs=(8,), roles={8: Role.OUTPUT})
     cm = cost_model(g, [1.0] * 9, wake=[0.0, 0.5, 0.5, 0.01, 0.5, 0.5, 0.5, 0.02, 0.5])
     lru = plan(g, cm, 102, "lru", arena=False)
-    assert lru.meta["predicted_seconds"] > 9.2 + 0.5
+    assert lru.meta.predicted_seconds > 9.2 + 0.5
     p, stats = solve_staged(g, cm, 102, formulation="synchronous", mip_gap=1e-9, warm_start=lru, sync_candidates=2)
     big = next(tp for tp in p.tensors if tp.id == 0)
     assert [(a.kind, a.at, a.mode) for a in big.actions] == [("evict", 3, "sync"), ("prefetch", 7, "sync")]
@@ -130,8 +130,8 @@ def test_a_sync_copy_moves_inside_its_gap_to_where_waking_is_cheap():
     assert validate(p, g, budget_bytes=102).peak_fast_bytes <= 102
     # one place each (plan()'s default): k3 for both; the solver keeps within what it offers
     q = plan(g, cm, 102, "synchronous", arena=False, mip_gap=1e-9)
-    assert 9.23 <= q.meta["predicted_seconds"] < lru.meta["predicted_seconds"]
-    assert q.meta["bound_seconds"] <= q.meta["predicted_seconds"] + 1e-12
+    assert 9.23 <= q.meta.predicted_seconds < lru.meta.predicted_seconds
+    assert q.meta.bound_seconds <= q.meta.predicted_seconds + 1e-12
 
 
 def test_async_copies_pay_their_host_time():
@@ -139,10 +139,10 @@ def test_async_copies_pay_their_host_time():
     # 2 h < the two sync copies' 0.2 s
     g = chain_with_one_big_activation()
     cheap = plan(g, cost_model(g, [1.0] * 6, host=0.05), 102, "asynchronous", arena=False)
-    assert cheap.meta["predicted_seconds"] == pytest.approx(6.1)
+    assert cheap.meta.predicted_seconds == pytest.approx(6.1)
     assert {a.mode for tp in cheap.tensors for a in tp.actions} == {"async"}
     dear = plan(g, cost_model(g, [1.0] * 6, host=0.15), 102, "asynchronous", arena=False)
-    assert dear.meta["predicted_seconds"] == pytest.approx(6.2)
+    assert dear.meta.predicted_seconds == pytest.approx(6.2)
     assert {a.mode for tp in dear.tensors for a in tp.actions} == {"sync"}
 
 
@@ -159,7 +159,7 @@ def test_every_planner_leaves_a_kernels_workspace_free():
     for formulation in ("synchronous", "asynchronous", "lru", "first-touch"):
         p = plan(g, cm, 202, formulation, arena=False)
         assert (validate(p, g, reserved_bytes=ws).fast_bytes + np.array(ws)).max() <= 202, formulation
-        assert p.meta["peak_fast_with_workspace_bytes"] <= 202
+        assert p.meta.peak_fast_with_workspace_bytes <= 202
     with pytest.raises(InfeasibleBudget) as e:
         plan(g, dataclasses.replace(free, workspace_bytes=(0, 0, 200, 0, 0, 0)), 202, "synchronous", arena=False)
     assert e.value.minimum > 202
@@ -181,16 +181,16 @@ def test_the_baselines_are_solutions_of_the_model(monkeypatch):
     cm = cost_model(g, [max(k.flops / 20e9, k.bytes_touched / 5e9) + 2e-6 for k in g.kernels], bw=2e9, latency=50e-6)
     budget = parse_budget("4:1", g.peak_live_bytes)
     starts = []
-    solve = ilp.solve_model
+    solve = staged.solve_model
 
     def watched(h, highspy, lp, x0, constant, *args, **kwargs):
-        starts.append((ilp._feasible(lp, x0), float(lp.col_cost_ @ x0 + constant)))
+        starts.append((highs_driver.is_feasible(lp, x0), float(lp.col_cost_ @ x0 + constant)))
         return solve(h, highspy, lp, x0, constant, *args, **kwargs)
-    monkeypatch.setattr(ilp, "solve_model", watched)
+    monkeypatch.setattr(staged, "solve_model", watched)
     for make in (lru_plan, first_touch_plan):
         base = make(g, budget, "cpu+file", keep_fast=frozenset(
             t.id for t in g.tensors if t.nbytes < min_tensor_bytes_for(g, budget)))
-        carried = ilp.carried_pairs(g)
+        carried = staged.carried_pairs(g)
         assert any(a.kind == "evict" for t in carried for a in next(tp for tp in base.tensors if tp.id == t).actions)
         solve_staged(g, cm, budget, formulation="synchronous", warm_start=base, time_limit=5)
         feasible, objective = starts[-1]
@@ -212,7 +212,7 @@ def test_a_weight_evicted_before_its_first_use_starts_slow_in_the_model(monkeypa
 
     g = capture_workload(workload("resnet50", "test"), fake=True)
     cm = cost_model(g, [max(k.flops / 20e9, k.bytes_touched / 5e9) + 2e-6 for k in g.kernels], bw=2e9, latency=50e-6)
-    pairs = ilp.carried_pairs(g)
+    pairs = staged.carried_pairs(g)
     w = next(t for t in g.tensors if t.id in set(pairs.values()) and t.role == Role.WEIGHT
              and t.nbytes >= min_tensor_bytes_for(g, g.peak_live_bytes) and t.users[0] >= 2
              and t.users[-1] > t.users[0] + 2)
@@ -224,12 +224,12 @@ def test_a_weight_evicted_before_its_first_use_starts_slow_in_the_model(monkeypa
                                                    for tp in base.tensors))
     validate(base, g)
     starts = []
-    solve = ilp.solve_model
+    solve = staged.solve_model
 
     def watched(h, highspy, lp, x0, constant, *args, **kwargs):
-        starts.append((ilp._feasible(lp, x0), float(lp.col_cost_ @ x0 + constant)))
+        starts.append((highs_driver.is_feasible(lp, x0), float(lp.col_cost_ @ x0 + constant)))
         return solve(h, highspy, lp, x0, constant, *args, **kwargs)
-    monkeypatch.setattr(ilp, "solve_model", watched)
+    monkeypatch.setattr(staged, "solve_model", watched)
     solve_staged(g, cm, g.peak_live_bytes, formulation="synchronous", warm_start=base, time_limit=5)
     feasible, objective = starts[-1]
     # (cheaper than the plan by the write at k0, which a weight that starts slow does not pay)
@@ -248,10 +248,10 @@ def test_objective_equals_simulation_and_plan_validates_on_a_real_graph():
         v = validate(p, g)
         assert v.peak_fast_bytes <= parse_budget("4:1", g.peak_live_bytes)
         sim = simulate(p, g, cm).predicted_seconds
-        assert sim == pytest.approx(p.meta["objective_seconds"], rel=1e-3)
+        assert sim == pytest.approx(p.meta.objective_seconds, rel=1e-3)
         for baseline in ("first-touch", "lru"):
             b = plan(g, cm, "4:1", baseline, arena=False)
-            assert sim <= b.meta["predicted_seconds"] * (1 + 1e-6)
+            assert sim <= b.meta.predicted_seconds * (1 + 1e-6)
 
 
 def test_overlapping_async_copies_pay_one_fixed_cost():
@@ -267,7 +267,7 @@ def test_overlapping_async_copies_pay_one_fixed_cost():
         p = plan(g, cm, 102, "asynchronous", arena=False, mip_gap=1e-6)
         assert validate(p, g).peak_fast_bytes <= 102
         got[overlap] = simulate(p, g, cm).predicted_seconds
-        assert got[overlap] == pytest.approx(p.meta["objective_seconds"], rel=1e-6)
+        assert got[overlap] == pytest.approx(p.meta.objective_seconds, rel=1e-6)
     assert got[True] <= got[False] + 1e-9
 
 
@@ -348,22 +348,22 @@ def test_every_plan_validates_and_beats_the_baselines(case, formulation, moves, 
     v = validate(p, g)
     assert v.peak_fast_bytes <= budget
     predicted = simulate(p, g, cm).predicted_seconds
-    assert predicted == pytest.approx(p.meta["objective_seconds"], rel=1e-3, abs=1e-9)
+    assert predicted == pytest.approx(p.meta.objective_seconds, rel=1e-3, abs=1e-9)
     assert predicted >= sum(seconds) - 1e-9  # never faster than compute alone
     # the solver's bound: below the plan, above compute alone, and tight at a gap of 1e-6
-    bound = p.meta["bound_seconds"]
-    assert sum(seconds) - 1e-9 <= bound <= p.meta["objective_seconds"] + 1e-12
-    assert bound >= p.meta["objective_seconds"] * (1 - 1e-5) - 1e-9
+    bound = p.meta.bound_seconds
+    assert sum(seconds) - 1e-9 <= bound <= p.meta.objective_seconds + 1e-12
+    assert bound >= p.meta.objective_seconds * (1 - 1e-5) - 1e-9
     for baseline in ("first-touch", "lru"):
         try:
             b = plan(g, cm, budget, baseline, arena=False)
         except InfeasibleBudget:
             continue
         assert validate(b, g).peak_fast_bytes <= budget
-        assert predicted <= b.meta["predicted_seconds"] * (1 + 1e-6) + 1e-9
+        assert predicted <= b.meta.predicted_seconds * (1 + 1e-6) + 1e-9
     if formulation == "asynchronous":
         s = plan(g, cm, budget, "synchronous", mip_gap=1e-6, time_limit=20, arena=False)
-        assert predicted <= s.meta["predicted_seconds"] * (1 + 1e-6) + 1e-9
+        assert predicted <= s.meta.predicted_seconds * (1 + 1e-6) + 1e-9
 
 
 def direct_cost_model(g, seconds, slow_factor=1.5):
@@ -389,11 +389,11 @@ def test_static_formulation_keeps_the_busiest_tensors_fast():
     slow = {tp.id for tp in p.tensors if tp.initial == "slow"}
     assert 0 in slow and 3 not in slow  # big goes to slow memory, the temporary stays fast
     assert validate(p, g).peak_fast_bytes <= 102
-    assert simulate(p, g, cm).predicted_seconds == pytest.approx(p.meta["objective_seconds"], rel=1e-6)
+    assert simulate(p, g, cm).predicted_seconds == pytest.approx(p.meta.objective_seconds, rel=1e-6)
     # big slow costs k0 (writes it) and k5 (reads it) half their time again: 0.5 + 0.05
-    assert p.meta["predicted_seconds"] == pytest.approx(9.1 + 0.5 + 0.05)
+    assert p.meta.predicted_seconds == pytest.approx(9.1 + 0.5 + 0.05)
     for baseline in ("first-touch", "all-slow"):
-        assert p.meta["predicted_seconds"] <= plan(g, cm, 102, baseline, arena=False).meta["predicted_seconds"] + 1e-9
+        assert p.meta.predicted_seconds <= plan(g, cm, 102, baseline, arena=False).meta.predicted_seconds + 1e-9
     # the synchronous plan may also move big back for k5, or read it in place: reading costs
     # 0.05 s, a move 0.1 s, so it reads in place after an eviction (test_planner_direct.py)
-    assert plan(g, cm, 102, "synchronous", arena=False).meta["predicted_seconds"] == pytest.approx(9.1 + 0.1 + 0.05)
+    assert plan(g, cm, 102, "synchronous", arena=False).meta.predicted_seconds == pytest.approx(9.1 + 0.1 + 0.05)

@@ -36,16 +36,16 @@ def test_a_tensor_read_by_many_kernels_is_prefetched_not_read_in_place():
     g = weight_read_by_four_kernels()
     cm = direct_cost_model(g, [10.0, 10.0, 1.0, 1.0, 1.0, 1.0])
     static = plan(g, cm, 103, "static", arena=False)
-    assert static.meta["predicted_seconds"] == pytest.approx(26.0)
+    assert static.meta.predicted_seconds == pytest.approx(26.0)
     for f in ("synchronous", "asynchronous"):
         p = plan(g, cm, 103, f, arena=False, mip_gap=1e-6)
-        assert p.meta["predicted_seconds"] == pytest.approx(24.1)
+        assert p.meta.predicted_seconds == pytest.approx(24.1)
         w = next(tp for tp in p.tensors if tp.id == 0)
         assert w.initial == "slow" and [(a.kind, a.at, a.mode) for a in w.actions] == [("prefetch", 2, "sync")]
         assert validate(p, g).peak_fast_bytes <= 103
-        assert simulate(p, g, cm).predicted_seconds == pytest.approx(p.meta["objective_seconds"], rel=1e-9)
+        assert simulate(p, g, cm).predicted_seconds == pytest.approx(p.meta.objective_seconds, rel=1e-9)
     # with room for W all along, it simply stays fast
-    assert plan(g, cm, 203, "synchronous", arena=False).meta["predicted_seconds"] == pytest.approx(24.0)
+    assert plan(g, cm, 203, "synchronous", arena=False).meta.predicted_seconds == pytest.approx(24.0)
 
 
 def test_asynchronous_moves_overlap_kernels_and_slow_reads_stay_in_place():
@@ -54,11 +54,11 @@ def test_asynchronous_moves_overlap_kernels_and_slow_reads_stay_in_place():
     # beats bringing it back (0.1 s); async, both copies hide under the 1 s kernels
     cm = direct_cost_model(g, [1.0, 1.0, 1.0, 5.0, 1.0, 0.1])
     sync = plan(g, cm, 102, "synchronous", arena=False, mip_gap=1e-6)
-    assert sync.meta["predicted_seconds"] == pytest.approx(9.1 + 0.1 + 0.05)
+    assert sync.meta.predicted_seconds == pytest.approx(9.1 + 0.1 + 0.05)
     big = next(tp for tp in sync.tensors if tp.id == 0)
     assert [(a.kind, a.at, a.mode) for a in big.actions] == [("evict", 1, "sync")]
     asyn = plan(g, cm, 102, "asynchronous", arena=False, mip_gap=1e-6)
-    assert asyn.meta["predicted_seconds"] == pytest.approx(9.1)
+    assert asyn.meta.predicted_seconds == pytest.approx(9.1)
     big = next(tp for tp in asyn.tensors if tp.id == 0)
     assert [(a.kind, a.mode) for a in big.actions] == [("evict", "async"), ("prefetch", "async")]
     assert big.actions[-1].at == 4  # over k4, the only kernel between the tmp's death and k5
@@ -71,8 +71,8 @@ def test_lru_runs_on_direct_access_too():
     g = chain_with_one_big_activation()
     cm = direct_cost_model(g, [1.0] * 6)
     p = plan(g, cm, 102, "lru", arena=False)
-    assert p.access == "direct" and p.meta["predicted_seconds"] == pytest.approx(6.2)
-    assert plan(g, cm, 102, "synchronous", arena=False, mip_gap=1e-6).meta["predicted_seconds"] <= 6.2 + 1e-9
+    assert p.access == "direct" and p.meta.predicted_seconds == pytest.approx(6.2)
+    assert plan(g, cm, 102, "synchronous", arena=False, mip_gap=1e-6).meta.predicted_seconds <= 6.2 + 1e-9
 
 
 @st.composite
@@ -118,7 +118,7 @@ def test_direct_plans_validate_match_the_simulator_and_beat_static_and_first_tou
     except InfeasibleBudget:
         return
     try:
-        ft = plan(g, cm, budget, "first-touch", arena=False).meta["predicted_seconds"]
+        ft = plan(g, cm, budget, "first-touch", arena=False).meta.predicted_seconds
     except InfeasibleBudget:  # first-touch may fill fast memory with what must not be slow
         ft = float("inf")
     sync = plan(g, cm, budget, "synchronous", mip_gap=1e-6, time_limit=20, arena=False)
@@ -126,7 +126,7 @@ def test_direct_plans_validate_match_the_simulator_and_beat_static_and_first_tou
     for p in (sync, asyn):
         assert validate(p, g).peak_fast_bytes <= budget
         predicted = simulate(p, g, cm).predicted_seconds
-        assert predicted == pytest.approx(p.meta["objective_seconds"], rel=1e-3)
-        assert predicted <= static.meta["predicted_seconds"] * (1 + 1e-6) + 1e-12
+        assert predicted == pytest.approx(p.meta.objective_seconds, rel=1e-3)
+        assert predicted <= static.meta.predicted_seconds * (1 + 1e-6) + 1e-12
         assert predicted <= ft * (1 + 1e-6) + 1e-12
-    assert asyn.meta["predicted_seconds"] <= sync.meta["predicted_seconds"] * (1 + 1e-6) + 1e-12
+    assert asyn.meta.predicted_seconds <= sync.meta.predicted_seconds * (1 + 1e-6) + 1e-12

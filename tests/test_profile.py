@@ -655,7 +655,7 @@ def test_workspace_is_profiled_cached_and_planned_around(memory, tmp_path):
     p = plan(g, cm, "1:3", "synchronous", time_limit=20, arena=False)
     rep = validate(p, g, reserved_bytes=ws)
     assert (rep.fast_bytes + ws).max() <= p.budget_bytes
-    assert p.meta["peak_fast_with_workspace_bytes"] <= p.budget_bytes
+    assert p.meta.peak_fast_with_workspace_bytes <= p.budget_bytes
 
 
 # ---- the machine's pace: a cache filled on a loaded machine is flagged -----------------------

@@ -154,7 +154,7 @@ class CompiledStep:
 
     @property
     def predicted_seconds(self) -> float:
-        return float(self.plan.meta["predicted_seconds"])
+        return float(self.plan.meta.predicted_seconds)
 
     def __call__(self, *batch) -> torch.Tensor:
         if self._closed:

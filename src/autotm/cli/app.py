@@ -163,8 +163,8 @@ def _access(memory: str) -> str:
 
 def _warn(p) -> None:
     """A plan's warning (its arena, or all-fast over the budget) on stderr, also with --json."""
-    if p.meta.get("warning"):
-        err_console.print(f"[yellow]warning:[/yellow] {p.meta['warning']}", highlight=False, soft_wrap=True)
+    if p.meta.warning:
+        err_console.print(f"[yellow]warning:[/yellow] {p.meta.warning}", highlight=False, soft_wrap=True)
 
 
 def _check_budget(budget: str | None, formulation: str) -> None:
@@ -181,16 +181,16 @@ def _check_budget(budget: str | None, formulation: str) -> None:
 def _plan_summary(p) -> dict:
     m = p.meta
     return {
-        "status": m.get("status"), "formulation": m.get("formulation"), "predicted_seconds": m["predicted_seconds"],
-        "solve_seconds": m.get("solve_seconds", 0.0), "gap": m.get("gap", 0.0),
-        "bound_seconds": m.get("bound_seconds"), "bytes_to_slow": m["bytes_to_slow"],
-        "bytes_to_fast": m["bytes_to_fast"], "moves": m["moves"], "budget_bytes": m.get("budget_bytes"),
-        "peak_fast_bytes": m["peak_fast_bytes"], "simulated": m["simulated"], "memory_system": p.memory_system,
-        "graph": p.graph_name, "pin_params": m.get("pin_params", False),
+        "status": m.status, "formulation": m.formulation, "predicted_seconds": m.predicted_seconds,
+        "solve_seconds": m.solve_seconds, "gap": m.gap,
+        "bound_seconds": m.bound_seconds, "bytes_to_slow": m.bytes_to_slow,
+        "bytes_to_fast": m.bytes_to_fast, "moves": m.moves, "budget_bytes": m.budget_bytes,
+        "peak_fast_bytes": m.peak_fast_bytes, "simulated": m.simulated, "memory_system": p.memory_system,
+        "graph": p.graph_name, "pin_params": m.pin_params,
         # fragmentation: the arena a static layout of the fast tensors needs, against the budget
-        "requested_budget_bytes": m.get("requested_budget_bytes"), "arena_bytes": m.get("arena_bytes"),
-        "arena_fits": m.get("arena_fits"), "defrag_retries": m.get("defrag_retries", 0),
-        "warning": m.get("warning"), "fits_budget": m.get("fits_budget"),
+        "requested_budget_bytes": m.requested_budget_bytes, "arena_bytes": m.arena_bytes,
+        "arena_fits": m.arena_fits, "defrag_retries": m.defrag_retries,
+        "warning": m.warning, "fits_budget": m.fits_budget,
     }
 
 

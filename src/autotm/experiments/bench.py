@@ -253,16 +253,16 @@ def _base_record(cell: Cell, ctx: _Workload | None, opts: SweepOptions, env: dic
 
 def _fill_from_plan(rec: Record, p, graph) -> None:
     m = p.meta
-    rec.budget_bytes = m.get("budget_bytes")
-    rec.predicted_seconds = float(m["predicted_seconds"])
-    rec.solve_seconds = float(m.get("solve_seconds", 0.0))
-    rec.plan_seconds = float(m.get("plan_seconds", 0.0))
-    rec.gap = float(m.get("gap", 0.0))
-    rec.solver_status = m.get("status")
-    rec.peak_fast_bytes = int(m["peak_fast_bytes"])
+    rec.budget_bytes = m.budget_bytes
+    rec.predicted_seconds = float(m.predicted_seconds)
+    rec.solve_seconds = float(m.solve_seconds)
+    rec.plan_seconds = float(m.plan_seconds)
+    rec.gap = float(m.gap)
+    rec.solver_status = m.status
+    rec.peak_fast_bytes = int(m.peak_fast_bytes)
     rec.arena_bytes = getattr(p, "arena_bytes", None)
-    rec.plan_warning = m.get("warning", "")
-    rec.bytes_to_slow, rec.bytes_to_fast, rec.moves = int(m["bytes_to_slow"]), int(m["bytes_to_fast"]), int(m["moves"])
+    rec.plan_warning = m.warning or ""
+    rec.bytes_to_slow, rec.bytes_to_fast, rec.moves = int(m.bytes_to_slow), int(m.bytes_to_fast), int(m.moves)
     for k, v in move_stats(p, graph).items():
         setattr(rec, k, v)
     for k, v in kernel_io(p, graph).items():

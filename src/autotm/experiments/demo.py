@@ -72,7 +72,7 @@ def run_demo(console: Console, *, model: str = "resnet50", budget: str = "4:1", 
 
     # no vertical rules: the eight columns fit an 80-column terminal with full headers
     shown = budget if note is None else "(fallback)"
-    t = Table(title=f"{w.name}, cpu+file, budget {shown} = {_mib(rows[1][1].meta['budget_bytes'])}",
+    t = Table(title=f"{w.name}, cpu+file, budget {shown} = {_mib(rows[1][1].meta.budget_bytes)}",
               box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True, pad_edge=False)
     for col in ("planner", "pred s", "meas s", "x fast", "peak MiB", "moved MiB", "solve s", "exact"):
         t.add_column(col, justify="left" if col == "planner" else "right", no_wrap=True, min_width=len(col))
@@ -80,9 +80,9 @@ def run_demo(console: Console, *, model: str = "resnet50", budget: str = "4:1", 
     for name, p, r in rows:
         rep = r.report
         ok &= bool(r.identical)
-        t.add_row(name, f"{p.meta['predicted_seconds']:.3f}", f"{rep.measured_seconds:.3f}",
+        t.add_row(name, f"{p.meta.predicted_seconds:.3f}", f"{rep.measured_seconds:.3f}",
                   f"{rep.measured_seconds / base:.2f}", f"{rep.peak_fast_bytes / 2**20:,.1f}",
-                  f"{(rep.bytes_to_slow + rep.bytes_to_fast) / 2**20:,.0f}", f"{p.meta.get('solve_seconds', 0):.1f}",
+                  f"{(rep.bytes_to_slow + rep.bytes_to_fast) / 2**20:,.0f}", f"{p.meta.solve_seconds:.1f}",
                   "[green]yes[/green]" if r.identical else "[red]NO[/red]")
     console.print(t)
     console.print("pred/meas s: predicted and measured seconds per iteration; x fast: measured time over all-fast's; "
@@ -99,7 +99,7 @@ def demo_budget(graph, cost_model, budget, planners=PLANNERS) -> tuple[int, str 
     budget at which all of them find a plan; with a one-line note saying so (None when
     `budget` is kept)."""
     from ..ir.budget import is_minimum, parse_budget
-    from .planner import smallest_feasible_budget
+    from ..planner import smallest_feasible_budget
 
     floors = {name: smallest_feasible_budget(graph, cost_model, name) for name in planners if name != "all-fast"}
     name, floor = max(floors.items(), key=lambda kv: kv[1].bytes)
@@ -122,7 +122,7 @@ def _figure(rows, name: str, budget: str, out: str) -> str:
     os.makedirs(out, exist_ok=True)
     labels = [n for n, _, _ in rows]
     measured = [r.report.measured_seconds for _, _, r in rows]
-    predicted = [p.meta["predicted_seconds"] for _, p, _ in rows]
+    predicted = [p.meta.predicted_seconds for _, p, _ in rows]
     fig, ax = plt.subplots(figsize=(7, 3.6))
     x = range(len(labels))
     ax.bar([i - 0.2 for i in x], measured, width=0.4, label="measured", color="#3b6ea5")

@@ -631,10 +631,10 @@ def timeline_figure(plan, graph, budget_label: str | None = None):
         bottom.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     else:
         bottom.text(0.5, 0.5, "no moves", transform=bottom.transAxes, ha="center", va="center", color="0.4")
-    sim = bool(plan.meta.get("simulated"))
+    sim = bool(plan.meta.simulated)
     budget = budget_label or (f"{plan.budget_bytes / scale:.1f} {unit}" if plan.budget_bytes else "no budget")
-    pred = plan.meta.get("predicted_seconds")
-    top.set_title(f"{graph.name}: {plan.meta.get('formulation', plan.planner)} plan at {budget} on "
+    pred = plan.meta.predicted_seconds
+    top.set_title(f"{graph.name}: {plan.meta.formulation or plan.planner} plan at {budget} on "
                   f"{plan.memory_system} ({'simulated hardware' if sim else 'real tiers'}; planned, "
                   f"predicted {pred:.3g} s/iteration)" if pred is not None else "", fontsize=10)
     fig.tight_layout()
@@ -643,7 +643,7 @@ def timeline_figure(plan, graph, budget_label: str | None = None):
 
 def timeline(plan, graph, out, budget_label: str | None = None) -> list[Path]:
     fig, _ = timeline_figure(plan, graph, budget_label)
-    name = f"timeline-{graph.name}-{plan.meta.get('formulation', plan.planner)}-{slug(plan.memory_system)}"
+    name = f"timeline-{graph.name}-{plan.meta.formulation or plan.planner}-{slug(plan.memory_system)}"
     if budget_label:
         name += "-" + budget_label.replace(":", "to")
     return save(fig, out, name)

@@ -66,6 +66,7 @@ from typing import Any, Iterable, Literal, NoReturn
 
 from ..errors import PlanError as PlanError  # (re-exported: it was defined here)
 from .graph import Role, TrainingGraph
+from .plan_meta import PlanMeta
 
 PLAN_VERSION = 1
 
@@ -110,10 +111,16 @@ class Plan:
     budget_bytes: int | None  # fast-tier budget the plan was made for; None: unlimited
     planner: str  # "all-fast", "ilp-synchronous", ...
     tensors: tuple[TensorPlan, ...]
-    meta: dict[str, Any] = field(default_factory=dict)  # planner details: solve time, gap, sizes
+    # planner details (predicted time, peaks, the solver's stats); a dict (a plan file's
+    # meta object, or {} from hand-written code) is read as PlanMeta
+    meta: PlanMeta = field(default_factory=PlanMeta)
     # size of one fast-memory arena holding every fast residency at its offset
     # (TensorPlan.offsets); None: no static layout (the runtime allocates)
     arena_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.meta, dict):  # (plan files and hand-written plans of older versions)
+            object.__setattr__(self, "meta", PlanMeta.from_json(self.meta))
 
     # ---- checks against a graph -------------------------------------------------------
     def for_graph(self, graph: TrainingGraph) -> Plan:
@@ -131,7 +138,7 @@ class Plan:
             "access": self.access,
             "budget_bytes": self.budget_bytes,
             "planner": self.planner,
-            "meta": self.meta,
+            "meta": self.meta.to_json(),
             **({"arena_bytes": self.arena_bytes} if self.arena_bytes is not None else {}),
             "tensors": [_tensor_plan_to_dict(tp) for tp in self.tensors],
         }
@@ -210,7 +217,7 @@ class Plan:
         return cls(version=version, graph_name=r.string(d, "graph_name"),
                    graph_fingerprint=r.string(d, "graph_fingerprint"), memory_system=r.string(d, "memory_system"),
                    access=access, budget_bytes=budget, planner=r.string(d, "planner"),
-                   tensors=tuple(tensors), meta=meta, arena_bytes=arena)
+                   tensors=tuple(tensors), meta=PlanMeta.from_json(meta), arena_bytes=arena)
 
 
 def _tensor_plan_to_dict(tp: TensorPlan) -> dict[str, Any]:
@@ -289,10 +296,10 @@ def check_plan_matches(plan: Plan, graph: TrainingGraph) -> None:
 # ---- hand-written plans ---------------------------------------------------------------
 
 def _plan(graph: TrainingGraph, tensors: Iterable[TensorPlan], *, memory_system: str, access: Access,
-          budget_bytes: int | None, planner: str, meta: dict[str, Any] | None = None) -> Plan:
+          budget_bytes: int | None, planner: str, meta: PlanMeta | None = None) -> Plan:
     return Plan(version=PLAN_VERSION, graph_name=graph.name, graph_fingerprint=graph.fingerprint,
                 memory_system=memory_system, access=access, budget_bytes=budget_bytes, planner=planner,
-                tensors=tuple(tensors), meta=dict(meta or {}))
+                tensors=tuple(tensors), meta=meta or PlanMeta())
 
 
 def all_fast_plan(graph: TrainingGraph, memory_system: str = "cpu+file", access: Access = "staged") -> Plan:

@@ -7,8 +7,11 @@ autotm.simulate, the one definition of predicted time) in `plan.meta`.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
+from functools import partial
+
+import numpy as np
+from typing import Any
 
 from ..ir.budget import is_minimum, parse_budget
 from ..ir.costmodel import CostModel
@@ -21,9 +24,10 @@ from .arena import with_arena
 from .baselines import all_fast, first_touch_plan, lru_plan
 from .direct import solve_direct
 from .floor import Floor, accounting, smallest_feasible, tightest_staged_plan
-from .ilp import InfeasibleBudget, default_min_tensor_bytes, min_tensor_bytes_for, solve_staged
+from .staged import default_min_tensor_bytes, min_tensor_bytes_for, solve_staged
 from .static import all_slow_plan, first_touch_direct_plan, solve_static
-from ..errors import InputError
+from ..errors import InfeasibleBudget, InputError
+from ..ir.plan_meta import PlanMeta, SolverStats
 
 FORMULATIONS = ("static", "synchronous", "asynchronous")
 BASELINES = ("all-fast", "first-touch", "lru", "all-slow")
@@ -47,7 +51,7 @@ def smallest_feasible_budget(graph: TrainingGraph, cost_model: CostModel, formul
     return smallest_feasible(graph, formulation, cost_model.access, acc, cost_model.memory_system)
 
 
-def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str = "asynchronous", *,
+def plan(graph: TrainingGraph, cost_model: CostModel, budget: object, formulation: str = "asynchronous", *,
          window: int = 15, time_limit: float = 60.0, mip_gap: float = 0.01, pin_params: bool = False,
          warm_start: bool = True, threads: int | None = None, verbose: bool = False, arena: bool = True,
          defrag_retries: int = 6) -> Plan:
@@ -60,14 +64,14 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
             "all-slow" (direct access only).
         window: async moves may overlap kernels up to this many positions from the use.
         time_limit, mip_gap: solver limits; on a time limit the best plan found is
-            returned with its gap in plan.meta["gap"]. The limit bounds the whole call:
+            returned with its gap in plan.meta.gap. The limit bounds the whole call:
             the arena's re-solves (below) have what is left of it, none starts with
-            less than MIN_SOLVE_SHARE (5 %) left. meta["solve_seconds"] is the solver's
+            less than MIN_SOLVE_SHARE (5 %) left. meta.solve_seconds is the solver's
             time over all of them.
         pin_params: keep weights, optimizer state, buffers, the batch and the loss in
             fast memory outside the budget (the original AutoTM's accounting).
         arena: give every fast residency a static offset in one arena (planner/arena.py)
-            and report its size in plan.meta["arena_bytes"]; when the arena exceeds the
+            and report its size in plan.meta.arena_bytes; when the arena exceeds the
             budget, plan again with a budget lower in the proportion of the bytes lost
             to fragmentation (the worst seen; and 1 % of the budget more; the original
             cut by the overshoot: defrag_cut), up to `defrag_retries` times (the
@@ -76,14 +80,14 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
             solve has half of time_limit (all of it when even a budget 1 % lower is
             infeasible: no re-solve can follow); once a plan fits
             short of the gap, what is left (if 20 % or more) goes to one more solve from
-            it for the same budget, kept if it fits and is faster (meta["polish"]). If
-            no plan fits, the one with the smallest arena is returned with meta["arena_fits"]
-            False and a warning in meta["warning"]: the plan itself is valid for the
+            it for the same budget, kept if it fits and is faster (meta.polish). If
+            no plan fits, the one with the smallest arena is returned with meta.arena_fits
+            False and a warning in meta.warning: the plan itself is valid for the
             budget, only its static layout is larger (the executor follows it, giving the
             arena's free huge pages back when the process's RSS nears budget + baseline +
-            slack, as it trims the heap). meta["defrag_history"] lists the attempts.
+            slack, as it trims the heap). meta.defrag_history lists the attempts.
 
-    The ILP formulations also give meta["bound_seconds"]: the solver's lower bound for the
+    The ILP formulations also give meta.bound_seconds: the solver's lower bound for the
     requested budget, under which no plan of the formulation is predicted to run.
     """
     if cost_model.graph_fingerprint and cost_model.graph_fingerprint != graph.fingerprint:
@@ -116,25 +120,26 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
         raise InfeasibleBudget(budget_bytes, floor.bytes, floor.what, formulation)
     validation_budget = budget_bytes + acc.flat_extra
     limit = None if formulation in ("all-fast", "all-slow") else validation_budget
-    opts = dict(window=window, time_limit=time_limit, mip_gap=mip_gap, pinned=pinned, extra=solver_extra,
+    opts: dict[str, Any] = dict(window=window, time_limit=time_limit, mip_gap=mip_gap, pinned=pinned, extra=solver_extra,
                 workspace=workspace if workspace.any() else None,
                 warm_start=warm_start and not pin_params, threads=threads, verbose=verbose)
 
-    def described(p: Plan, meta: dict, cut: int, retry: int) -> Plan:
+    def described(p: Plan, meta: PlanMeta, cut: int, retry: int, polish: bool) -> Plan:
         p = dataclasses.replace(p, budget_bytes=limit, memory_system=ms)
         report = validate(p, graph, reserved_bytes=workspace if limit is not None and workspace.any() else None)
         sim = simulate(p, graph, cost_model)
-        meta = dict(meta, formulation=formulation, pin_params=pin_params, requested_budget_bytes=budget_bytes,
-                    solver_budget_bytes=budget_bytes - cut, defrag_retries=retry,
-                    predicted_seconds=sim.predicted_seconds, peak_fast_bytes=report.peak_fast_bytes,
-                    bytes_to_slow=report.bytes_to_slow, bytes_to_fast=report.bytes_to_fast, moves=report.moves,
-                    simulated=bool(cost_model.simulated), budget_bytes=budget_bytes,
-                    peak_workspace_bytes=int(workspace.max(initial=0)),
-                    peak_fast_with_workspace_bytes=int((report.fast_bytes + workspace).max(initial=0)))
+        meta = dataclasses.replace(
+            meta, formulation=formulation, pin_params=pin_params, requested_budget_bytes=budget_bytes,
+            solver_budget_bytes=budget_bytes - cut, defrag_retries=retry,
+            predicted_seconds=sim.predicted_seconds, peak_fast_bytes=report.peak_fast_bytes,
+            bytes_to_slow=report.bytes_to_slow, bytes_to_fast=report.bytes_to_fast, moves=report.moves,
+            simulated=bool(cost_model.simulated), budget_bytes=budget_bytes,
+            peak_workspace_bytes=int(workspace.max(initial=0)),
+            peak_fast_with_workspace_bytes=int((report.fast_bytes + workspace).max(initial=0)), polish=polish)
         p = dataclasses.replace(p, meta=meta)
         if arena:
             p = laid_out(p, graph, cost_model)
-            p.meta["arena_fits"] = limit is None or p.arena_bytes <= limit
+            p = _meta(p, arena_fits=limit is None or p.arena_bytes is None or p.arena_bytes <= limit)
         return p
 
     attempts: list[Plan] = []
@@ -159,7 +164,7 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
             # 189 s; with at least half of it each, a 2:1 BERT plan took 153 s of a 60 s
             # limit): the limit bounds the whole call
             if formulation in FORMULATIONS and left < MIN_SOLVE_SHARE * time_limit:
-                attempts[-1].meta["warning"] = "the time limit left no time for another re-solve"
+                attempts[-1] = _meta(attempts[-1], warning="the time limit left no time for another re-solve")
                 break
             opts["time_limit"] = left
         elif resumable:
@@ -172,15 +177,14 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
         except InfeasibleBudget:
             if not attempts:
                 raise
-            attempts[-1].meta["warning"] = (f"a budget {cut:,} bytes lower, to fit the arena, is infeasible")
+            attempts[-1] = _meta(attempts[-1], warning=f"a budget {cut:,} bytes lower, to fit the arena, is infeasible")
             break
-        p = described(p, meta, cut, resolves)
-        p.meta["polish"] = polished
+        p = described(p, meta, cut, resolves, polished)
         attempts.append(p)
         if polished:  # (the plan it started from fits)
             break
-        if p.meta.get("arena_fits", True):  # (always without a budget: all-fast, all-slow)
-            if (resumable and (p.meta.get("gap") or 0.0) > mip_gap
+        if p.meta.arena_fits is not False:  # (always without a budget: all-fast, all-slow)
+            if (resumable and p.meta.gap > mip_gap
                     and time_limit - (time.perf_counter() - t0) >= POLISH_SHARE * time_limit):
                 polished = True  # what is left of the limit: from this plan, for the same budget
                 continue
@@ -191,7 +195,8 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
         # the worst seen (fragmentation varies by several per cent from plan to plan and
         # grows as the budget falls: the demo's asynchronous plans 4.5 % then 10.8 %,
         # densenet264 cpu 8:1's 12 %, 18 %, 19 %; each miss costs a solve)
-        worst = max(worst, (p.arena_bytes, p.meta["peak_fast_with_workspace_bytes"]), key=lambda w: w[0] / w[1])
+        assert limit is not None and p.arena_bytes is not None  # (a budget, and an arena that did not fit it)
+        worst = max(worst, (p.arena_bytes, p.meta.peak_fast_with_workspace_bytes), key=lambda w: w[0] / w[1])
         next_cut = defrag_cut(cut, limit, *worst, budget_bytes)
         if staged:  # no lower than the smallest feasible budget: the most room for a layout there
             next_cut = min(next_cut, budget_bytes - floor.bytes)
@@ -199,41 +204,48 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget, formulation: str =
             break  # (a re-solve for less than 1 % less lays out much the same)
         cut = next_cut
         resolves += 1
-    fitting = [a for a in attempts if a.meta.get("arena_fits", True)]
-    p = (min(fitting, key=lambda a: a.meta["predicted_seconds"]) if fitting
-         else min(attempts, key=lambda a: a.arena_bytes))
-    if "solve_seconds" in p.meta:  # the solver's time over all attempts
-        p.meta["solve_seconds"] = sum(a.meta.get("solve_seconds", 0.0) for a in attempts)
+    fitting = [a for a in attempts if a.meta.arena_fits is not False]
+    p = (min(fitting, key=lambda a: a.meta.predicted_seconds) if fitting
+         else min(attempts, key=lambda a: a.arena_bytes or 0))
+    first = p is attempts[0]
+    p = _meta(p, solve_seconds=sum(a.meta.solve_seconds for a in attempts))  # the solver's time over all attempts
     if arena:  # each attempt: (budget solved for, arena bytes, fragmentation, predicted seconds)
-        p.meta["defrag_history"] = [(a.meta["solver_budget_bytes"], a.arena_bytes, a.meta["fragmentation"],
-                                     a.meta["predicted_seconds"]) for a in attempts]
-    bounds = [a.meta["bound_seconds"] for a in attempts
-              if a.meta["solver_budget_bytes"] == budget_bytes and a.meta.get("bound_seconds") is not None]
+        p = _meta(p, defrag_history=tuple((a.meta.solver_budget_bytes or 0, a.arena_bytes or 0,
+                                           a.meta.fragmentation or 0.0, a.meta.predicted_seconds)
+                                          for a in attempts))
+    bounds = [a.meta.bound_seconds for a in attempts
+              if a.meta.solver_budget_bytes == budget_bytes and a.meta.bound_seconds is not None]
     if bounds:
         # the solver's bound at the requested budget (a re-solve's, for less, is no bound here)
-        p.meta["bound_seconds"] = bound = max(bounds)
-        if p is not attempts[0]:  # the gap, too, is to that bound: what fitting the arena cost included
-            t = p.meta["predicted_seconds"]
-            p.meta["gap"] = max(0.0, (t - bound) / t)
+        bound = max(bounds)
+        p = _meta(p, bound_seconds=bound)
+        if not first:
+            # the gap, too, is to that bound: what fitting the arena cost included
+            t = p.meta.predicted_seconds
+            p = _meta(p, gap=max(0.0, (t - bound) / t))
     if formulation == "all-fast" and budget is not None:
         # all-fast ignores the budget: it must not claim to fit one it exceeds
-        held = p.meta["peak_fast_with_workspace_bytes"]
-        p.meta["fits_budget"] = fits = held <= budget_bytes and (p.arena_bytes or 0) <= budget_bytes
-        p.meta["arena_fits"] = p.arena_bytes is None or p.arena_bytes <= budget_bytes
+        held = p.meta.peak_fast_with_workspace_bytes
+        fits = held <= budget_bytes and (p.arena_bytes or 0) <= budget_bytes
+        p = _meta(p, fits_budget=fits, arena_fits=p.arena_bytes is None or p.arena_bytes <= budget_bytes)
         if not fits:
-            p.meta["warning"] = (f"all-fast ignores the budget: it holds {held:,} bytes at its busiest kernel"
-                                 + (f" ({p.arena_bytes:,} in its arena)" if p.arena_bytes else "")
-                                 + f", {max(held, p.arena_bytes or 0) / max(budget_bytes, 1):.2f}x the budget of "
-                                 f"{budget_bytes:,} bytes")
+            p = _meta(p, warning=(f"all-fast ignores the budget: it holds {held:,} bytes at its busiest kernel"
+                                  + (f" ({p.arena_bytes:,} in its arena)" if p.arena_bytes else "")
+                                  + f", {max(held, p.arena_bytes or 0) / max(budget_bytes, 1):.2f}x the budget of "
+                                  f"{budget_bytes:,} bytes"))
     else:
-        p.meta["fits_budget"] = limit is None or p.meta.get("arena_fits", True)
+        p = _meta(p, fits_budget=limit is None or p.meta.arena_fits is not False)
     if not fitting:
-        p.meta["fits_budget"] = False
-        p.meta["warning"] = (f"the arena ({p.arena_bytes:,} bytes) exceeds the budget ({limit:,} bytes) after "
-                             f"{len(attempts) - 1} re-solves with a lower budget"
-                             + (f"; {p.meta['warning']}" if "warning" in p.meta else ""))
-    p.meta["plan_seconds"] = time.perf_counter() - t0
-    return p
+        p = _meta(p, fits_budget=False,
+                  warning=(f"the arena ({p.arena_bytes:,} bytes) exceeds the budget ({limit:,} bytes) after "
+                           f"{len(attempts) - 1} re-solves with a lower budget"
+                           + (f"; {p.meta.warning}" if p.meta.warning is not None else "")))
+    return _meta(p, plan_seconds=time.perf_counter() - t0)
+
+
+def _meta(p: Plan, **changes: Any) -> Plan:
+    """`p` with these fields of its meta changed."""
+    return dataclasses.replace(p, meta=dataclasses.replace(p.meta, **changes))
 
 
 def defrag_cut(cut: int, limit: int, arena_bytes: int, peak_bytes: int, budget_bytes: int) -> int:
@@ -268,27 +280,28 @@ def large_block_alignment(memory_system: str) -> int | None:
     return PAGE if memory_system == "cpu+file" else None
 
 
-def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, window, time_limit, mip_gap,
-           pinned, extra, workspace, warm_start, threads, verbose,
-           previous: Plan | None = None) -> tuple[Plan, dict]:
+def _solve(graph: TrainingGraph, cost_model: CostModel, formulation: str, budget_bytes: int, validation_budget: int,
+           *, window: int, time_limit: float, mip_gap: float, pinned: frozenset[int], extra: np.ndarray | None,
+           workspace: np.ndarray | None, warm_start: bool, threads: int | None, verbose: bool,
+           previous: Plan | None = None) -> tuple[Plan, PlanMeta]:
     """One plan for one budget, without meta on time or bytes (plan() adds those).
 
     previous: the plan of the attempt before (plan(): for a higher budget, whose arena did
     not fit; or for this budget, which fitted short of the gap). The staged ILP searches
-    its neighbourhood first (ilp.solve_staged's reference): the plan that fits is mostly
+    its neighbourhood first (staged.solve_staged's reference): the plan that fits is mostly
     the same plan with a few more moves, and from the baseline alone, with the re-solve's
     share of the time, the demo's asynchronous re-solve came back at 0.438 s instead of
     0.340 s."""
     ms = cost_model.memory_system
     direct = cost_model.access == "direct"
-    meta: dict = {}
+    meta: dict[str, Any] = {}  # PlanMeta's fields
     chain_seconds = 0.0
-    ilp = dict(time_limit=time_limit, mip_gap=mip_gap, pinned=pinned, budget_extra=extra, threads=threads)
+    ilp: dict[str, Any] = dict(time_limit=time_limit, mip_gap=mip_gap, pinned=pinned, budget_extra=extra, threads=threads)
     if formulation == "all-fast":
-        p = dataclasses.replace(all_fast(graph, ms), access=cost_model.access)
+        p = dataclasses.replace(all_fast(graph, ms), access="direct" if direct else "staged")
     elif formulation == "lru":
         p = lru_plan(graph, validation_budget, ms, workspace=workspace)
-        p = dataclasses.replace(p, access=cost_model.access)  # demand paging: valid under either access
+        p = dataclasses.replace(p, access="direct" if direct else "staged")  # demand paging: valid under either access
     elif direct and formulation in ("all-slow", "first-touch", "static"):
         if formulation == "all-slow":
             p = all_slow_plan(graph, cost_model)
@@ -323,7 +336,7 @@ def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, w
             t_chain = time.perf_counter()
 
             def left(share: float) -> float:
-                return max(0.05 * time_limit, share * (time_limit - (time.perf_counter() - t_chain)))
+                return float(max(0.05 * time_limit, share * (time_limit - (time.perf_counter() - t_chain))))
             # every synchronous plan is an asynchronous plan: solve the small model first
             # (not on a re-solve: the previous asynchronous plan is the better place to start)
             try:
@@ -335,7 +348,7 @@ def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, w
             except TimeoutError:  # no synchronous plan in time: start from the baseline
                 pass
             if cost_model.async_overlap:
-                # Copies that share one fixed cost (z in ilp.add_async_overlap) weaken the
+                # Copies that share one fixed cost (z in families.async_overlap_at) weaken the
                 # relaxation: HiGHS then rarely leaves its start (resnet50 test, 4:1: stuck at
                 # the synchronous plan, gap 29 % at 20 s). The model that charges every copy
                 # in full solves well and its plans are feasible here, and cheaper: start there.
@@ -368,9 +381,10 @@ def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, w
                                     time_limit=left(1) if sync_start else time_limit),
                              verbose=verbose, warm_start=sync_start[0] if sync_start else None)
             p = dataclasses.replace(p, planner=formulation)
-            stats.bound = float("nan")  # (the synchronous model's bound is none for asynchronous plans)
+            stats = dataclasses.replace(stats, bound=None)  # (the synchronous model's bound is none for asynchronous plans)
             meta["fallback"] = "synchronous (no asynchronous plan found within the time limit)"
-        stats.solve_seconds += chain_seconds  # (the whole chain's: what the user waited for)
+        # (the whole chain's: what the user waited for)
+        stats = dataclasses.replace(stats, solve_seconds=stats.solve_seconds + chain_seconds)
         meta.update(_stats_meta(stats), window=window,
                     warm_start=start[1] if start else None)
         if reference is not None:
@@ -385,34 +399,35 @@ def _solve(graph, cost_model, formulation, budget_bytes, validation_budget, *, w
                 meta.update(objective_seconds=theirs, warm_start_kept=True)
     if formulation not in ("synchronous", "asynchronous", "static"):
         meta.update(solve_seconds=0.0, gap=0.0, status="baseline")
-    return p, meta
+    return p, PlanMeta(**meta)
 
 
-def _stats_meta(stats) -> dict:
-    return dict(solve_seconds=stats.solve_seconds, build_seconds=stats.build_seconds, gap=stats.gap,
-                status=stats.status, objective_seconds=stats.objective,
-                bound_seconds=stats.bound if math.isfinite(stats.bound) else None, variables=stats.variables,
-                binaries=stats.binaries, rows=stats.rows, nonzeros=stats.nonzeros)
+def _stats_meta(stats: SolverStats) -> dict[str, Any]:
+    """PlanMeta's fields from one solve."""
+    return dict(solve_seconds=stats.solve_seconds, gap=stats.gap, status=stats.status,
+                objective_seconds=stats.objective, bound_seconds=stats.bound, solver=stats)
 
 
-def _best_direct_start(graph, cost_model, budget_bytes, validation_budget, ilp, workspace):
+def _best_direct_start(graph: TrainingGraph, cost_model: CostModel, budget_bytes: int, validation_budget: int,
+                       ilp: dict[str, Any], workspace: np.ndarray | None) -> tuple[Plan, str] | None:
     """The fastest of the static ILP's plan and the direct baselines, as a warm start."""
     small = frozenset(t.id for t in graph.tensors if t.nbytes < default_min_tensor_bytes(graph))
-    cands = []
+    cands: list[tuple[Plan, str]] = []
     try:
         cands.append((solve_static(graph, cost_model, budget_bytes, **dict(ilp, time_limit=ilp["time_limit"] / 4))[0],
                       "static"))
     except (InfeasibleBudget, TimeoutError):
         pass
-    for name, make in (("first-touch", lambda: first_touch_direct_plan(graph, cost_model, validation_budget)),
-                       ("lru", lambda: dataclasses.replace(lru_plan(graph, validation_budget, cost_model.memory_system,
-                                                                    keep_fast=small, workspace=workspace),
-                                                           access="direct"))):
+    def lru() -> Plan:
+        return dataclasses.replace(lru_plan(graph, validation_budget, cost_model.memory_system, keep_fast=small,
+                                            workspace=workspace), access="direct")
+    for name, make in (("first-touch", partial(first_touch_direct_plan, graph, cost_model, validation_budget)),
+                       ("lru", lru)):
         try:
             cands.append((make(), name))
         except InfeasibleBudget:
             pass
-    best = None
+    best: tuple[Plan, str, float] | None = None
     for p, name in cands:
         try:
             validate(p, graph, budget_bytes=validation_budget, reserved_bytes=workspace)
@@ -424,15 +439,17 @@ def _best_direct_start(graph, cost_model, budget_bytes, validation_budget, ilp, 
     return (best[0], best[1]) if best else None
 
 
-def _best_baseline(graph, cost_model, budget, workspace, min_tensor_bytes, kinds=("lru", "first-touch"),
-                   pinned: frozenset[int] = frozenset()):
+def _best_baseline(graph: TrainingGraph, cost_model: CostModel, budget: int, workspace: np.ndarray | None,
+                   min_tensor_bytes: int, kinds: tuple[str, ...] = ("lru", "first-touch"),
+                   pinned: frozenset[int] = frozenset()) -> tuple[Plan, str] | None:
     """The fastest feasible baseline plan, as a warm start for the ILP. The baselines keep
-    the tensors the ILP does not move (those under `min_tensor_bytes`, ilp.min_tensor_bytes_for)
+    the tensors the ILP does not move (those under `min_tensor_bytes`, staged.min_tensor_bytes_for)
     in fast memory, so that the start is a solution of the model."""
-    best = None
+    best: tuple[Plan, str, float] | None = None
     small = frozenset(t.id for t in graph.tensors if t.nbytes < min_tensor_bytes)
 
-    def tightest(graph, budget, ms, keep_fast, workspace):
+    def tightest(graph: TrainingGraph, budget: int, ms: str, keep_fast: frozenset[int],
+                 workspace: np.ndarray | None) -> Plan:
         return dataclasses.replace(tightest_staged_plan(graph, pinned, ms, min_bytes=min_tensor_bytes),
                                    budget_bytes=budget)
     # the tightest plan (every segment out of fast memory) is a solution of the model at

@@ -27,6 +27,7 @@ The arena is never smaller than the peak of fast bytes; the difference is fragme
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,7 +48,7 @@ class Layout:
 
 
 def assign_offsets(blocks: list[FastBlock] | tuple[FastBlock, ...], alignment: int = ALIGNMENT,
-                   same: list[tuple[int, int]] = (), large_alignment: int | None = None) -> Layout:
+                   same: Sequence[tuple[int, int]] = (), large_alignment: int | None = None) -> Layout:
     """Offsets for `blocks` (greedy; the best of six passes, module doc); deterministic.
 
     `same`: pairs of block indices that must share an offset (one storage the runtime
@@ -75,7 +76,7 @@ def assign_offsets(blocks: list[FastBlock] | tuple[FastBlock, ...], alignment: i
     g_start = np.array([start[members[h]].min() for h in heads], dtype=np.int64)
     g_span = np.array([(end[members[h]] - start[members[h]] + 1).sum() for h in heads], dtype=np.int64)
     idx = np.arange(len(heads))
-    best = None
+    best: tuple[np.ndarray, int] | None = None
     g_shared = np.array([len(members[h]) > 1 for h in heads], dtype=np.int64)
     by_span = np.lexsort((idx, g_start, -g_span, -g_size))
     passes = ((by_span, True), (by_span, False),
@@ -91,14 +92,15 @@ def assign_offsets(blocks: list[FastBlock] | tuple[FastBlock, ...], alignment: i
             for j, i in enumerate(order):
                 offsets[members[heads[i]]] = g_off[j]
             best = (offsets, arena)
+    assert best is not None  # (six passes)
     return Layout(tuple(int(o) for o in best[0]), best[1], _peak(start, end, size))
 
 
-def _union(n: int, pairs) -> np.ndarray:
+def _union(n: int, pairs: Iterable[tuple[int, int]]) -> np.ndarray:
     """Group of each of n items under the equivalences `pairs` (union-find; the smallest index heads)."""
     parent = list(range(n))
 
-    def find(i):
+    def find(i: int) -> int:
         while parent[i] != i:
             parent[i] = parent[parent[i]]
             i = parent[i]
@@ -162,7 +164,7 @@ def _peak(start: np.ndarray, end: np.ndarray, size: np.ndarray) -> int:
 
 
 def with_arena(plan: Plan, graph: TrainingGraph, alignment: int = ALIGNMENT,
-               large_alignment: int | None = None, workspace=None) -> Plan:
+               large_alignment: int | None = None, workspace: np.ndarray | None = None) -> Plan:
     """`plan` with an arena layout: offsets for every fast residency and the arena size.
 
     `workspace[k]` (per kernel, optional): bytes kernel k allocates and frees while it
@@ -186,12 +188,12 @@ def with_arena(plan: Plan, graph: TrainingGraph, alignment: int = ALIGNMENT,
     blocks = tuple(blocks) + tuple(scratch)
     peak = _peak(np.array([b.start for b in blocks]), np.array([b.end for b in blocks]),
                  np.array([b.nbytes for b in blocks])) if blocks else 0
-    meta = dict(plan.meta, arena_bytes=layout.arena_bytes,
-                fragmentation=(layout.arena_bytes / peak - 1.0) if peak else 0.0)
+    meta = dataclasses.replace(plan.meta, arena_bytes=layout.arena_bytes,
+                               fragmentation=(layout.arena_bytes / peak - 1.0) if peak else 0.0)
     return dataclasses.replace(bare, tensors=tensors, arena_bytes=layout.arena_bytes, meta=meta)
 
 
-def shared_storage(blocks, graph: TrainingGraph) -> list[tuple[int, int]]:
+def shared_storage(blocks: Sequence[FastBlock], graph: TrainingGraph) -> list[tuple[int, int]]:
     """Pairs of blocks the executor keeps in one storage, so one offset (assign_offsets):
 
     - a pointwise kernel that writes its output into an input dying there (replay.reuse_table:
@@ -207,29 +209,29 @@ def shared_storage(blocks, graph: TrainingGraph) -> list[tuple[int, int]]:
     from ..interpret.replay import reuse_table
 
     by_tensor: dict[int, list[int]] = {}
-    for i, b in enumerate(blocks):
-        by_tensor.setdefault(b.tensor, []).append(i)
+    for i, blk in enumerate(blocks):
+        by_tensor.setdefault(blk.tensor, []).append(i)
 
-    def at(tid, step):
+    def at(tid: int, step: int) -> int | None:
         for i in by_tensor.get(tid, ()):
             if blocks[i].start <= step <= blocks[i].end:
                 return i
         return None
-    pairs = []
+    pairs: list[tuple[int, int]] = []
     try:
         table = reuse_table(graph)
     except Exception:  # a graph whose nodes lack the metadata: no reuse known
         table = []
     for k, entry in enumerate(table):
         if entry is not None:
-            a, b = at(entry.tensor, 2 * k + 1), at(p.kernel_outputs[k][0][0], 2 * k + 1)
-            if a is not None and b is not None:
-                pairs.append((a, b))
+            src, dst = at(entry.tensor, 2 * k + 1), at(p.kernel_outputs[k][0][0], 2 * k + 1)
+            if src is not None and dst is not None:
+                pairs.append((src, dst))
     group = _union(len(blocks), pairs)
     members: dict[int, list[int]] = {}
     for i, g in enumerate(group):
         members.setdefault(int(g), []).append(i)
-    last = max((b.end for b in blocks), default=0)
+    last = max((blk.end for blk in blocks), default=0)
     for key, tin in p.input_keys:
         tout = p.output_keys.get(key)
         if tout is None or tout == tin:

@@ -13,23 +13,25 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Literal
 
 import numpy as np
 
 from ..ir.graph import Role, TrainingGraph
 from ..ir.plan import Action, Plan, TensorPlan, all_fast_plan
-from .ilp import InfeasibleBudget
+from ..errors import InfeasibleBudget
 
 
-def _plan(graph, memory_system, budget, planner, initial, actions) -> Plan:
+def _plan(graph: TrainingGraph, memory_system: str, budget: int | None, planner: str,
+          initial: dict[int, Literal["fast", "slow"]], actions: dict[int, list[Action]]) -> Plan:
     tensors = tuple(TensorPlan(t.id, initial.get(t.id, "fast"), tuple(actions.get(t.id, ())))
                     for t in graph.tensors)
     return Plan(version=1, graph_name=graph.name, graph_fingerprint=graph.fingerprint, memory_system=memory_system,
                 access="staged", budget_bytes=int(budget) if budget is not None else None, planner=planner,
-                tensors=tensors, meta={})
+                tensors=tensors)
 
 
-def _uses(graph: TrainingGraph):
+def _uses(graph: TrainingGraph) -> list[list[int]]:
     return [sorted(set(t.users) | ({t.producer} if t.producer is not None else set())) for t in graph.tensors]
 
 
@@ -37,7 +39,7 @@ def _operands(graph: TrainingGraph) -> list[list[int]]:
     return [list(dict.fromkeys(k.inputs + k.outputs)) for k in graph.kernels]
 
 
-def _reserve(graph: TrainingGraph, reserve) -> np.ndarray:
+def _reserve(graph: TrainingGraph, reserve: np.ndarray | None) -> np.ndarray:
     """Per kernel, the bytes of the budget its workspace takes (CostModel.workspace)."""
     n = len(graph.kernels)
     return np.zeros(n, dtype=np.int64) if reserve is None else np.asarray(reserve, dtype=np.int64)
@@ -51,7 +53,7 @@ def _minimum(graph: TrainingGraph, budget: int, reserve: np.ndarray) -> None:
 
 
 def first_touch_plan(graph: TrainingGraph, budget: int, memory_system: str = "cpu+file", *,
-                     keep_fast: frozenset[int] = frozenset(), workspace=None) -> Plan:
+                     keep_fast: frozenset[int] = frozenset(), workspace: np.ndarray | None = None) -> Plan:
     """Fast while there is room at creation, else slow for life (staged in for each use).
 
     Room is kept for staging: at first the largest set of operands (and workspace) of one
@@ -74,10 +76,11 @@ def first_touch_plan(graph: TrainingGraph, budget: int, memory_system: str = "cp
         reserve = min(budget, reserve + over)
 
 
-def _first_touch(graph: TrainingGraph, budget: int, memory_system: str, reserve: int, keep_fast, uses) -> Plan:
+def _first_touch(graph: TrainingGraph, budget: int, memory_system: str, reserve: int, keep_fast: frozenset[int],
+                 uses: list[list[int]]) -> Plan:
     n = len(graph.kernels)
     home_fast_bytes = np.zeros(n + 1, dtype=np.int64)  # bytes of fast-homed tensors live at each kernel
-    initial: dict[int, str] = {}
+    initial: dict[int, Literal["fast", "slow"]] = {}
     actions: dict[int, list[Action]] = {}
     order = sorted(graph.tensors, key=lambda t: (t.live[0], t.id))
     for t in order:
@@ -112,7 +115,7 @@ def _first_touch(graph: TrainingGraph, budget: int, memory_system: str, reserve:
 
 def _runs(uses: list[int]) -> list[tuple[int, int]]:
     """Maximal runs of consecutive kernels among the uses."""
-    runs = []
+    runs: list[tuple[int, int]] = []
     for u in uses:
         if runs and u == runs[-1][1] + 1:
             runs[-1] = (runs[-1][0], u)
@@ -122,7 +125,7 @@ def _runs(uses: list[int]) -> list[tuple[int, int]]:
 
 
 def lru_plan(graph: TrainingGraph, budget: int, memory_system: str = "cpu+file", *,
-             keep_fast: frozenset[int] = frozenset(), workspace=None) -> Plan:
+             keep_fast: frozenset[int] = frozenset(), workspace: np.ndarray | None = None) -> Plan:
     """Demand paging: fetch operands on use, evict the least recently used to make room.
 
     `keep_fast`: tensors never evicted (the ILP's warm start: those it does not move);
@@ -132,23 +135,23 @@ def lru_plan(graph: TrainingGraph, budget: int, memory_system: str = "cpu+file",
     n = len(graph.kernels)
     ops = _operands(graph)
     nbytes = [t.nbytes for t in graph.tensors]
-    initial: dict[int, str] = {}
+    initial: dict[int, Literal["fast", "slow"]] = {}
     actions: dict[int, list[Action]] = {}
     resident: OrderedDict[int, None] = OrderedDict()  # least recently used first
     written: set[int] = set()
     used = 0
     inputs = [t for t in graph.tensors if t.producer is None]
     first_use = {t.id: (t.users[0] if t.users else 0) for t in inputs}
-    for t in sorted(inputs, key=lambda t: first_use[t.id]):
-        if used + t.nbytes <= budget or t.id in keep_fast:
-            resident[t.id] = None
-            used += t.nbytes
+    for ti in sorted(inputs, key=lambda ti: first_use[ti.id]):
+        if used + ti.nbytes <= budget or ti.id in keep_fast:
+            resident[ti.id] = None
+            used += ti.nbytes
         else:
-            initial[t.id] = "slow"
-            written.add(t.id)
-    dies = [[] for _ in range(n)]
-    for t in graph.tensors:
-        dies[t.live[1]].append(t.id)
+            initial[ti.id] = "slow"
+            written.add(ti.id)
+    dies: list[list[int]] = [[] for _ in range(n)]
+    for tt in graph.tensors:
+        dies[tt.live[1]].append(tt.id)
     for k in range(n):
         need = [t for t in ops[k] if t not in resident and graph.tensors[t].producer != k]
         new = [t for t in ops[k] if graph.tensors[t].producer == k]
@@ -168,7 +171,7 @@ def lru_plan(graph: TrainingGraph, budget: int, memory_system: str = "cpu+file",
         if used + room > budget:
             raise InfeasibleBudget(budget, used + room, f"kernel {k} ({graph.kernels[k].op})")
         for t in victims:
-            kind = "drop" if t in written else "evict"
+            kind: Literal["drop", "evict"] = "drop" if t in written else "evict"
             written.add(t)
             actions.setdefault(t, []).append(Action(kind, k, "sync"))
         for t in need:

@@ -2,7 +2,7 @@
 
 Under direct access a kernel may read and write an operand in slow memory, at the time
 the profiler measured for that placement (static.py), and tensors may also move between
-tiers, synchronously or overlapping a kernel (ilp.py). This formulation combines the two,
+tiers, synchronously or overlapping a kernel (staged.py). This formulation combines the two,
 as the original AutoTM did on Optane: per tensor t with uses u_1 < ... < u_m (producer
 first), a state at each use and the moves between consecutive uses.
 
@@ -14,26 +14,28 @@ first), a state at each use and the moves between consecutive uses.
     dA[g]    t leaves fast memory in g by a drop (it has a slow copy already)
     wS[g], wX[g,c]   the write is sync (at a+1) or overlaps kernel c of the window
     pS[g], pX[g,c]   t comes back for b: sync (at b) or overlapping kernel c of the window
-    v[k,c]   kernel k runs with its operands placed as c (static.py: kernel_time_terms)
+    v[k,c]   kernel k runs with its operands placed as c (static.py: kernel_time_terms; config rows)
     y[k]     >= 0: time of kernel k with the async copies overlapping it
   A graph input has an initial gap (live[0]..u_1-1) before its first use, entered in
   state st; an updated carried tensor has a final gap after its last use, which must end
   in the state its input starts the next iteration in.
 
-  Constraints
+  Constraints (families.py's shared ones by name; flow, leave, same kernel and steady
+  state are this model's, below)
     flow:         s[t,i+1] = s[t,i] + wA[g] + dA[g] - pS[g] - sum_c pX[g,c]
-    leave:        wA[g] + dA[g] <= 1 - s[t,i];  wS[g] + sum_c wX[g,c] = wA[g]
+    leave:        wA[g] + dA[g] <= 1 - s[t,i]
+    evict choice: wS[g] + sum_c wX[g,c] = wA[g]
     one write:    (st[t] or s[t,1]) + sum_g wA[g] <= 1
-    drop:         dA[g] <= (st[t] or s[t,1]) + sum_{g' < g} wA[g']
+    drop needs a copy: dA[g] <= (st[t] or s[t,1]) + sum_{g' < g} wA[g']
     same kernel:  wA + dA + pS <= 1 in an empty gap; wA + dA + pX[g,a+1] <= 1;
-                  an async write comes before an async prefetch (as in ilp.py)
+    evict before prefetch: an async write comes before an async prefetch (as staged)
     steady state: s[t',m] + wA[final] + dA[final] = st[t]  (t' carries t)
     capacity:     sum_t s_t R[t,j] <= B at every kernel j, with R = 1 - s at a use and
                   R = 1 - s[t,i] - wA - dA + sum_{c >= j} wX + sum_{c <= j} pX inside a gap
     kernel time:  K_k = sum_c time(k, c) v[k,c] (or the additive model)
-    async:        y[k] >= K_k,  y[k] >= the async copies at k (ilp.add_async_overlap: one copy's
+    async:        y[k] >= K_k,  y[k] >= the async copies at k (families.async_overlap_at: one copy's
                   fixed cost and the others' bytes, or the plain sum when copies do not overlap),
-                  y[k] >= K_k + the compute the copies cost it (ilp.add_async_slowdown)
+                  y[k] >= K_k + the compute the copies cost it
 
   Objective (what autotm.simulate computes for the decoded plan)
     min  sum_{k without async} K_k + sum_{k with async} y[k] + sync copies (+ T_in)
@@ -47,53 +49,172 @@ this model too: warm starts from it are feasible.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import InfeasibleBudget
 from ..ir.costmodel import CostModel, operand_tensors
 from ..ir.graph import TrainingGraph
-from ..ir.plan import Action, Plan, TensorPlan
-from .ilp import MARGIN_BYTES, SCALE, ILPStats, InfeasibleBudget, _candidates, _feasible, _Rows, _Vars, \
-    add_async_overlap, \
-    add_async_slowdown, \
-    capacity_chain, set_async_overlap, \
-    default_min_tensor_bytes, highs_model, solve_model
+from ..ir.plan import Plan
+from ..ir.plan_meta import SolverStats
+from . import families as fam
+from .decode import decode_direct
+from .floor import solver_infeasible, tightest_direct_plan
+from .highs_driver import Solve, highs_model, is_feasible, solve_model, solver_stats
+from .model import FIXED_FAST, MARGIN_BYTES, SCALE, Block, DirectGap, DirectTensor, RowList, Rows, Vars, \
+    add_async_copies
 from .segments import carried_pairs
-from .static import FIXED_FAST, kernel_time_terms
+from .static import kernel_time_terms
+from .staged import default_min_tensor_bytes
+from .warm_start import KernelTime, direct_start
 
 
-@dataclass
-class _Gap:
-    kind: str  # "initial", "gap" or "final"
-    lo: int  # first interior kernel
-    hi: int  # last interior kernel (hi < lo: empty)
-    before: int  # column: t is slow before the gap (st for the initial gap)
-    after: int = -1  # column: t is slow at the use after the gap (-1 for the final gap)
-    src: int = -1  # final gap: the input tensor this one replaces next iteration
-    wA: int = -1
-    dA: int = -1
-    wS: int = -1
-    pS: int = -1
-    wX: dict = field(default_factory=dict)  # kernel -> column
-    pX: dict = field(default_factory=dict)
+def direct_columns(V: Vars, graph: TrainingGraph, cost: CostModel, movable: list[int], *, async_: bool,
+                   window: int, candidates: int, min_tensor_bytes: int) -> dict[int, DirectTensor]:
+    """The columns of every movable tensor (module doc), with their costs: a graph input
+    that starts slow pays its write each iteration where the executor places it there."""
+    n = len(graph.kernels)
+    T = np.asarray(cost.kernel_seconds, dtype=float)
+    mv = cost.move_seconds
+    pairs = carried_pairs(graph)
+    p = graph.program
+    placed_each_time = ({tid for key, tid in p.input_keys if key not in p.output_keys} if p is not None else set())
+    tv: dict[int, DirectTensor] = {}
+    for tid in movable:
+        t = graph.tensors[tid]
+        s = t.nbytes
+        uses = sorted(set(t.users) | ({t.producer} if t.producer is not None else set()))
+        t_in = mv(s, "to_slow", "sync") if t.producer is None and t.id in placed_each_time else 0.0
+        if not uses or s < min_tensor_bytes:
+            z = V.one(t_in)
+            tv[t.id] = DirectTensor(t.id, uses, [z] * len(uses), start=z if t.producer is None else -1, z=z)
+            continue
+        x = tv[t.id] = DirectTensor(t.id, uses, [V.one() for _ in uses])
+        if t.producer is None:
+            x.start = V.one(t_in)
+            x.gaps.append(DirectGap("initial", t.live[0], uses[0] - 1, x.start, x.slow[0]))
+        x.gaps += [DirectGap("gap", a + 1, b - 1, x.slow[i], x.slow[i + 1]) for i, (a, b) in enumerate(zip(uses, uses[1:]))]
+        if t.id in pairs:
+            x.gaps.append(DirectGap("final", uses[-1] + 1, n - 1, x.slow[-1], src=pairs[t.id]))
+        for i, g in enumerate(x.gaps):
+            g.tensor, g.index = t.id, i
+            if g.kind != "initial":
+                g.wA, g.dA, g.wS = V.one(), V.one(), V.one(mv(s, "to_slow", "sync"))
+                if async_ and not g.empty:
+                    g.wX = add_async_copies(V, range(g.lo, min(g.lo + window - 1, g.hi) + 1), T,
+                                            mv(s, "to_slow", "async"), cost.async_host_seconds(s, "to_slow"), candidates)
+            if g.kind == "final":
+                continue
+            g.pS = V.one(mv(s, "to_fast", "sync"))
+            if async_ and not g.empty:
+                g.pX = add_async_copies(V, range(max(g.lo, g.hi + 1 - window), g.hi + 1), T, mv(s, "to_fast", "async"),
+                                        cost.async_host_seconds(s, "to_fast"), candidates)
+    return tv
 
 
-@dataclass
-class _Tensor:
-    tid: int
-    uses: list[int]
-    slow: list[int]  # column per use
-    start: int = -1  # st column (graph inputs)
-    z: int = -1  # one tier for life: the column that says slow (else -1)
-    gaps: list[_Gap] = field(default_factory=list)
+def leaving(tv: dict[int, DirectTensor]) -> list[tuple[int, list[DirectGap]]]:
+    """Per tensor with gaps: its first copy's column and the gaps it may leave fast memory in."""
+    return [(v.first_copy, [g for g in v.gaps if g.kind != "initial"]) for v in tv.values() if v.z < 0]
+
+
+def flow(tv: dict[int, DirectTensor]) -> Block:
+    """Flow, per gap g that ends in a use (a = wA + dA, 0 in the initial gap):
+        s[t,i+1] - s[t,i] - a[g] + pS[g] + sum_c pX[g,c] = 0"""
+    r = RowList("flow")
+    for v in tv.values():
+        for g in v.gaps:
+            if g.kind != "final":
+                leave = [g.wA, g.dA] if g.kind != "initial" else []
+                r.ones([g.after, g.pS, *g.pX.values()], 0.0, 0.0, minus=[g.before, *leave], key=g.row_key(r.family))
+    return r.block()
+
+
+def leave(tv: dict[int, DirectTensor]) -> Block:
+    """Leave, per gap g after a use:  wA[g] + dA[g] + s[t,i] <= 1  (only a fast t leaves)."""
+    r = RowList("leave from fast")
+    for _, gaps in leaving(tv):
+        for g in gaps:
+            r.ones([g.wA, g.dA, g.before], -np.inf, 1.0, key=g.row_key(r.family))
+    return r.block()
+
+
+def same_kernel(tv: dict[int, DirectTensor]) -> Block:
+    """Same kernel, per gap between uses: one action per kernel, no leave and prefetch at
+    the same one:  wA + dA + pS <= 1 (empty gap),  wA + dA + pX[g,lo] <= 1."""
+    r = RowList("same kernel")
+    for v in tv.values():
+        for g in v.gaps:
+            if g.kind == "gap" and g.empty:
+                r.ones([g.wA, g.dA, g.pS], -np.inf, 1.0, key=g.row_key(r.family))
+            elif g.kind == "gap" and g.lo in g.pX:
+                r.ones([g.wA, g.dA, g.pX[g.lo]], -np.inf, 1.0, key=g.row_key(r.family))
+    return r.block()
+
+
+def steady_state(tv: dict[int, DirectTensor], pairs: dict[int, int]) -> Block:
+    """Steady state, per carried pair (t' replaces t next iteration):
+        s[t',m] + wA[final] + dA[final] - st[t] = 0   (z[t'] for a tensor with one tier;
+    a term absent where its tensor stays fast): t' ends where t starts."""
+    r = RowList("steady state")
+    for out, inp in pairs.items():
+        cols: list[int] = []
+        if out in tv:
+            v = tv[out]
+            cols = [v.z] if v.z >= 0 else [v.gaps[-1].before, v.gaps[-1].wA, v.gaps[-1].dA]
+        start = [tv[inp].start] if inp in tv and tv[inp].start >= 0 else []
+        if cols or start:
+            r.ones(cols, 0.0, 0.0, minus=start, key=(1, 0, 0, 0))  # (after every tensor's rows)
+    return r.block()
+
+
+def intervals(graph: TrainingGraph, tv: dict[int, DirectTensor]) -> list[fam.Interval]:
+    """The residency R[t,j] (module doc) as capacity intervals."""
+    iv: list[fam.Interval] = []
+
+    def add(j0: int, j1: int, col: int, coef: float) -> None:
+        if j1 >= j0:
+            iv.append((j0, j1, col, coef))
+    for v in tv.values():
+        t = graph.tensors[v.tid]
+        s = t.nbytes
+        if v.z >= 0:
+            add(t.live[0], t.live[1], v.z, -s)
+            continue
+        for u, col in zip(v.uses, v.slow):
+            add(u, u, col, -s)
+        if not v.gaps or v.gaps[-1].kind != "final":  # after its last use, t stays where that use had it
+            add(v.uses[-1] + 1, t.live[1], v.slow[-1], -s)
+        for g in v.gaps:
+            add(g.lo, g.hi, g.before, -s)
+            for c, col in g.wX.items():
+                add(g.lo, c, col, s)
+            if g.kind != "initial":
+                add(g.lo, g.hi, g.wA, -s)
+                add(g.lo, g.hi, g.dA, -s)
+            for c, col in g.pX.items():
+                add(c, g.hi, col, s)
+    return iv
+
+
+def async_terms(tv: dict[int, DirectTensor], graph: TrainingGraph, cost: CostModel) -> dict[int, list[fam.AsyncTerm]]:
+    """kernel c -> the async copy columns over it (wX, pX) with their costs."""
+    terms: dict[int, list[fam.AsyncTerm]] = {}
+    g_read, g_write = cost.interference_share("to_fast"), cost.interference_share("to_slow")
+    for v in tv.values():
+        s = graph.tensors[v.tid].nbytes
+        for g in v.gaps:
+            for cols, d, share in ((g.wX, "to_slow", g_write), (g.pX, "to_fast", g_read)):
+                for c, col in cols.items():
+                    terms.setdefault(c, []).append((col, cost.move_seconds(s, d, "async"),
+                                                    cost.async_marginal_seconds(s, d), share))
+    return terms
 
 
 def solve_direct(graph: TrainingGraph, cost: CostModel, budget: int, *, formulation: str = "synchronous",
                  window: int = 15, time_limit: float = 60.0, mip_gap: float = 0.01, min_tensor_bytes: int | None = None,
                  pinned: frozenset[int] = frozenset(), budget_extra: np.ndarray | None = None,
                  threads: int | None = None, warm_start: Plan | None = None, verbose: bool = False,
-                 candidates: int = 4) -> tuple[Plan, ILPStats]:
+                 candidates: int = 4) -> tuple[Plan, SolverStats]:
     """Solve the direct-access ILP (module doc) and decode the plan."""
     import highspy
 
@@ -114,297 +235,72 @@ def solve_direct(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     if need > budget:
         raise InfeasibleBudget(budget, need, f"kernel {need_k} ({graph.kernels[need_k].op}) with tensors that "
                                "must stay fast")
-    T = np.asarray(cost.kernel_seconds, dtype=float)
-    mv = cost.move_seconds
     pairs = carried_pairs(graph)
-    p = graph.program
-    # graph inputs the executor writes to slow memory each iteration if they start there
-    placed_each_time = ({tid for key, tid in p.input_keys if key not in p.output_keys} if p is not None else set())
+    share_max = cost.interference_share()
 
-    V, R = _Vars(), _Rows()
-    cap_iv: list[tuple[int, int, int, float]] = []
-    async_terms: dict[int, list[tuple[int, float, float]]] = {}  # kernel -> (col, full, marginal)
-    shares: dict[int, list[float]] = {}  # kernel -> per async term, its interference share
-    g_read, g_write = cost.interference_share("to_fast"), cost.interference_share("to_slow")
+    V, R = Vars(), Rows()
+    clock = time.perf_counter()
+    tv = direct_columns(V, graph, cost, [m.id for m in movable], async_=async_, window=window, candidates=candidates,
+                        min_tensor_bytes=min_tensor_bytes)
+    column_seconds = time.perf_counter() - clock
+    left = leaving(tv)
+    R.timed(lambda: fam.evict_choice(g for _, gaps in left for g in gaps))
+    R.timed(lambda: leave(tv))
+    R.timed(lambda: fam.drop_needs_copy(left))
+    R.timed(lambda: flow(tv))
+    R.timed(lambda: same_kernel(tv))
+    R.timed(lambda: fam.evict_before_prefetch(g for v in tv.values() for g in v.gaps if g.kind == "gap"))
+    R.timed(lambda: fam.one_write(left))
+    R.timed(lambda: steady_state(tv, pairs))
 
-    def cap_add(j0: int, j1: int, col: int, coef: float) -> None:
-        if j1 >= j0:
-            cap_iv.append((j0, j1, col, coef))
-
-    def new(cost_: float = 0.0) -> int:
-        return int(V.add(1, cost=cost_)[0])
-
-    tv: dict[int, _Tensor] = {}
-    for t in movable:
-        s = t.nbytes
-        uses = sorted(set(t.users) | ({t.producer} if t.producer is not None else set()))
-        t_in = mv(s, "to_slow", "sync") if t.producer is None and t.id in placed_each_time else 0.0
-        if not uses or s < min_tensor_bytes:
-            z = new(t_in)
-            tv[t.id] = _Tensor(t.id, uses, [z] * len(uses), start=z if t.producer is None else -1, z=z)
-            cap_add(t.live[0], t.live[1], z, -s)
-            continue
-        w_sync, r_sync = mv(s, "to_slow", "sync"), mv(s, "to_fast", "sync")
-        w_async, r_async = mv(s, "to_slow", "async"), mv(s, "to_fast", "async")
-        w_async_m, r_async_m = cost.async_marginal_seconds(s, "to_slow"), cost.async_marginal_seconds(s, "to_fast")
-        w_host, r_host = cost.async_host_seconds(s, "to_slow"), cost.async_host_seconds(s, "to_fast")
-        slow = [new() for _ in uses]
-        x = tv[t.id] = _Tensor(t.id, uses, slow)
-        for u, col in zip(uses, slow):
-            cap_add(u, u, col, -s)
-        gaps: list[_Gap] = []
-        if t.producer is None:
-            x.start = new(t_in)
-            gaps.append(_Gap("initial", t.live[0], uses[0] - 1, x.start, slow[0]))
-        gaps += [_Gap("gap", a + 1, b - 1, slow[i], slow[i + 1]) for i, (a, b) in enumerate(zip(uses, uses[1:]))]
-        if t.id in pairs:
-            gaps.append(_Gap("final", uses[-1] + 1, n - 1, slow[-1], src=pairs[t.id]))
-        else:  # after its last use, t stays where that use had it until it is freed
-            cap_add(uses[-1] + 1, t.live[1], slow[-1], -s)
-        first_copy = x.start if t.producer is None else slow[0]
-        writes: list[int] = []
-        for g in gaps:
-            lo, hi, empty = g.lo, g.hi, g.hi < g.lo
-            cap_add(lo, hi, g.before, -s)
-            flow_cols, flow_vals = [g.after, g.before], [1.0, -1.0]
-            if g.kind != "initial":
-                g.wA, g.dA, g.wS = new(), new(), new(w_sync)
-                evict = [g.wS]
-                if async_ and not empty:
-                    for c in _candidates(range(lo, min(lo + window - 1, hi) + 1), T, w_async, candidates):
-                        g.wX[c] = new(w_host)
-                        async_terms.setdefault(c, []).append((g.wX[c], w_async, w_async_m))
-                        shares.setdefault(c, []).append(g_write)
-                        cap_add(lo, c, g.wX[c], s)
-                        evict.append(g.wX[c])
-                R.add("evict choice", evict + [g.wA], [1.0] * len(evict) + [-1.0], 0.0, 0.0)
-                R.add("leave from fast", [g.wA, g.dA, g.before], [1.0, 1.0, 1.0], -np.inf, 1.0)
-                copies = [first_copy] + writes
-                R.add("drop needs a slow copy", [g.dA] + copies, [1.0] + [-1.0] * len(copies), -np.inf, 0.0)
-                writes.append(g.wA)
-                cap_add(lo, hi, g.wA, -s)
-                cap_add(lo, hi, g.dA, -s)
-                flow_cols += [g.wA, g.dA]
-                flow_vals += [-1.0, -1.0]
-            if g.kind == "final":
-                continue
-            g.pS = new(r_sync)
-            pre = [g.pS]
-            if async_ and not empty:
-                for c in _candidates(range(max(lo, hi + 1 - window), hi + 1), T, r_async, candidates):
-                    g.pX[c] = new(r_host)
-                    async_terms.setdefault(c, []).append((g.pX[c], r_async, r_async_m))
-                    shares.setdefault(c, []).append(g_read)
-                    cap_add(c, hi, g.pX[c], s)
-                    pre.append(g.pX[c])
-            R.add("flow", flow_cols + pre, flow_vals + [1.0] * len(pre), 0.0, 0.0)
-            if g.kind == "gap":
-                # one action per kernel: no leave and prefetch at the same kernel
-                if empty:
-                    R.add("same kernel", [g.wA, g.dA, g.pS], [1.0] * 3, -np.inf, 1.0)
-                elif lo in g.pX:
-                    R.add("same kernel", [g.wA, g.dA, g.pX[lo]], [1.0] * 3, -np.inf, 1.0)
-                if g.wX and g.pX:
-                    for j in range(min(g.pX), max(g.wX) + 1):
-                        cols = [col for c, col in g.wX.items() if c >= j] + [col for c, col in g.pX.items() if c <= j]
-                        if len(cols) > 1:
-                            R.add("evict before prefetch", cols, [1.0] * len(cols), -np.inf, 1.0)
-        if writes:
-            R.add("one write", [first_copy] + writes, [1.0] * (len(writes) + 1), -np.inf, 1.0)
-        x.gaps = gaps
-    # steady state: a carried tensor ends the iteration in the tier its input starts the next
-    # one in (slow at the end: slow at its last use, or left fast memory after it)
-    for out, inp in pairs.items():
-        if out in tv:
-            v = tv[out]
-            cols = [v.z] if v.z >= 0 else [v.gaps[-1].before, v.gaps[-1].wA, v.gaps[-1].dA]
-        else:
-            cols = []  # the output stays fast
-        if inp in tv and tv[inp].start >= 0:
-            cols = cols + [tv[inp].start]
-            vals = [1.0] * (len(cols) - 1) + [-1.0]
-        else:
-            vals = [1.0] * len(cols)
-        if cols:
-            R.add("steady state", cols, vals, 0.0, 0.0)
-
-    # kernel times, and async overlap: y[c] >= K_c, y[c] >= copies at c
+    # kernel times (placement columns, config rows), and async overlap: y[c] >= K_c, y[c] >= copies at c
+    clock = time.perf_counter()
+    terms_at = async_terms(tv, graph, cost)
+    config, overlap = RowList("config"), RowList("async overlap")
     constant = 0.0
-    configs: dict[int, tuple[tuple[int, ...], float, list[tuple[int, float]]]] = {}
-    y: dict[int, int] = {}
-    z: dict[int, int | None] = {}
+    configs: dict[int, KernelTime] = {}
+    overlaps: dict[int, fam.Overlap] = {}
     for k in range(n):
         kern = graph.kernels[k]
         ops = operand_tensors(kern.inputs, kern.outputs)
         slow_at = {t: tv[t].slow[tv[t].uses.index(k)] for t in ops if t in tv}
-        const, terms, is_config = kernel_time_terms(V, R, cost, k, ops, slow_at)
+        # (each kernel's rows after every tensor's and the steady state's, its config rows first)
+        const, terms, is_config = kernel_time_terms(V, config, cost, k, ops, slow_at, key=(2, k, 0, 0))
         configs[k] = (ops, const, terms, is_config)
-        if k in async_terms:
-            y[k] = col = int(V.add(1, cost=1.0, lower=0.0, upper=np.inf, integer=False)[0])
-            z[k] = add_async_overlap(V, R, col, async_terms[k])
-            R.add("async overlap", [c for c, _ in terms] + [col], [v for _, v in terms] + [-1.0], -np.inf, -const)
-            add_async_slowdown(R, col, z[k], async_terms[k], shares[k], cost.interference_share(), const, terms)
+        if k in terms_at:
+            overlaps[k] = fam.async_overlap_at(V, overlap, terms_at[k], share_max, y_lower=0.0, kernel_const=const,
+                                               kernel_terms=terms, kernel_row=True, key=(2, k, 1, 0))
         else:
             constant += const
             for col, coef in terms:
                 V.add_cost(col, coef)
-
+    kernel_seconds = time.perf_counter() - clock
+    R.add(config.block(), kernel_seconds / 2)  # (one loop builds both: half each)
+    R.add(overlap.block(), kernel_seconds / 2)
+    clock = time.perf_counter()
     rhs = (budget + extra.astype(np.float64) - graph.live_bytes.astype(np.float64) - MARGIN_BYTES) / SCALE
-    fill, _ = capacity_chain(R, V, cap_iv, rhs, n)
-    stats = ILPStats(variables=V.n, families={k: tuple(v) for k, v in R.family_counts.items()})
+    cap = fam.capacity(V, intervals(graph, tv), rhs, n)
+    R.add(cap.block, time.perf_counter() - clock + column_seconds)
+    solve = Solve()
     if V.n == 0:
-        stats.status, stats.objective, stats.bound = "Optimal", constant, constant
-        return _decode(graph, cost, budget, formulation, np.zeros(0), tv), stats
+        solve.status, solve.objective, solve.bound = "Optimal", constant, constant
+        return (decode_direct(graph, cost, budget, formulation, np.zeros(0), tv),
+                solver_stats(V, R, 0, time.perf_counter() - t_build, solve))
     h, lp = highs_model(highspy, V, R, constant, time_limit=time_limit, mip_gap=mip_gap, threads=threads,
                         verbose=verbose)
-    stats.binaries = int(np.concatenate(V.integer).sum())
-    stats.rows, stats.nonzeros = R.n, len(lp.a_matrix_.value_)
-    stats.build_seconds = time.perf_counter() - t_build
-    x0 = (_warm_start_vector(warm_start, V.n, tv, configs, (y, z), async_terms, shares, cost.interference_share())
-          if warm_start else None)
-    x0 = fill(x0) if x0 is not None else None
-    if x0 is None or not _feasible(lp, x0):
+    build_seconds = time.perf_counter() - t_build
+    x0 = direct_start(warm_start, V.n, tv, configs, overlaps, share_max) if warm_start else None
+    x0 = cap.fill(x0) if x0 is not None else None
+    if x0 is None or not is_feasible(lp, x0):
         # a start the model cannot take (first-touch's updated weights in another tier than
         # their inputs broke 25 steady-state rows at inception_v4's floor, and the solver
         # found no plan in 5 s): the tightest plan, a solution at every budget from the floor
-        from .floor import tightest_direct_plan
-
-        tight = _warm_start_vector(tightest_direct_plan(graph, pinned, cost.memory_system), V.n, tv, configs,
-                                   (y, z), async_terms, shares, cost.interference_share())
-        if tight is not None and _feasible(lp, fill(tight)):
+        tight = direct_start(tightest_direct_plan(graph, pinned, cost.memory_system), V.n, tv, configs, overlaps,
+                             share_max)
+        if tight is not None and is_feasible(lp, cap.fill(tight)):
             x0 = tight
-    x = solve_model(h, highspy, lp, x0, constant, time_limit, stats)
+    x = solve_model(h, highspy, lp, x0, constant, time_limit, solve)
+    stats = solver_stats(V, R, len(lp.a_matrix_.value_), build_seconds, solve)
     if x is None:
-        raise InfeasibleBudget(budget, need, f"kernel {need_k} ({graph.kernels[need_k].op})")
-    return _decode(graph, cost, budget, formulation, x, tv), stats
-
-
-def _on(x: np.ndarray, col: int) -> bool:
-    return col >= 0 and x[col] > 0.5
-
-
-def _decode(graph: TrainingGraph, cost: CostModel, budget: int, formulation: str, x: np.ndarray,
-            tv: dict[int, _Tensor]) -> Plan:
-    tensors = []
-    for t in graph.tensors:
-        v = tv.get(t.id)
-        if v is None:
-            tensors.append(TensorPlan(t.id, "fast", ()))
-            continue
-        if v.z >= 0:
-            tensors.append(TensorPlan(t.id, "slow" if _on(x, v.z) else "fast", ()))
-            continue
-        initial = "slow" if _on(x, v.start if t.producer is None else v.slow[0]) else "fast"
-        actions: list[Action] = []
-        for g in v.gaps:
-            empty = g.hi < g.lo
-            if _on(x, g.wA):
-                if not (g.kind == "final" and empty):  # (an empty final gap: the executor's carry write)
-                    on = [c for c, col in g.wX.items() if _on(x, col)]
-                    actions.append(Action("evict", on[0], "async") if on else Action("evict", g.lo, "sync"))
-            elif _on(x, g.dA) and not (g.kind == "final" and empty):
-                actions.append(Action("drop", g.lo, "sync"))
-            if _on(x, g.pS):
-                actions.append(Action("prefetch", g.hi + 1, "sync"))
-            else:
-                on = [c for c, col in g.pX.items() if _on(x, col)]
-                if on:
-                    actions.append(Action("prefetch", on[0], "async"))
-        tensors.append(TensorPlan(t.id, initial, tuple(sorted(actions, key=lambda a: a.at))))
-    return Plan(version=1, graph_name=graph.name, graph_fingerprint=graph.fingerprint,
-                memory_system=cost.memory_system, access="direct", budget_bytes=int(budget), planner=formulation,
-                tensors=tuple(tensors), meta={})
-
-
-def _warm_start_vector(plan: Plan, nvars: int, tv: dict[int, _Tensor], configs, yz, async_terms,
-                       shares, share_max):
-    """A full assignment reproducing `plan` (a static, first-touch, lru or synchronous plan),
-    or None when the plan uses moves this model cannot express (HiGHS then starts cold).
-    Sync leaves are moved to the start of their gap and sync prefetches to its end: the
-    same cost, and never more fast bytes."""
-    x = np.zeros(nvars)
-    by_id = {tp.id: tp for tp in plan.tensors}
-    for tid, v in tv.items():
-        tp = by_id[tid]
-        slow0 = tp.initial == "slow"
-        if v.z >= 0:
-            if tp.actions:
-                return None
-            x[v.z] = slow0
-            continue
-        if any(a.keep_fast for a in tp.actions):
-            return None
-        if v.start >= 0:
-            x[v.start] = slow0
-        else:
-            x[v.slow[0]] = slow0
-        used = 0
-        for g in v.gaps:
-            end = g.hi if g.kind == "final" else g.hi + 1
-            acts = [a for a in tp.actions if g.lo <= a.at <= end]
-            used += len(acts)
-            state = x[g.before] > 0.5
-            leaves = [a for a in acts if a.kind != "prefetch"]
-            pres = [a for a in acts if a.kind == "prefetch"]
-            if len(leaves) > 1 or len(pres) > 1 or (leaves and pres and pres[0].at < leaves[0].at):
-                return None
-            if leaves:
-                a = leaves[0]
-                if a.kind == "evict":
-                    col = g.wX.get(a.at) if a.mode == "async" else g.wS
-                    if col is None or g.wA < 0:
-                        return None
-                    x[g.wA] = x[col] = 1
-                elif a.mode == "sync" and g.dA >= 0:
-                    x[g.dA] = 1
-                else:
-                    return None
-                state = True
-            elif g.kind == "final":
-                # no move left: the executor's carry write after the last kernel (the
-                # simulator charges a sync write), here a sync write or drop
-                want = g.src in tv and by_id[g.src].initial == "slow"
-                if want and not state:
-                    if _has_copy(v, g, x):
-                        x[g.dA] = 1
-                    else:
-                        x[g.wA] = x[g.wS] = 1
-                    state = True
-            if g.kind == "final" and state != (g.src in tv and by_id[g.src].initial == "slow"):
-                return None
-            if pres:
-                a = pres[0]
-                col = g.pX.get(a.at) if a.mode == "async" else g.pS
-                if col is None or col < 0:
-                    return None
-                x[col] = 1
-                state = False
-            if g.after >= 0:
-                x[g.after] = state
-        if used != len(tp.actions):
-            return None  # an action outside the gaps (e.g. a move right at a use)
-    for k, (ops, _const, terms, is_config) in configs.items():
-        if is_config:
-            _set_config(x, terms, k, ops, tv)
-    y, z = yz
-    for k, col in y.items():
-        ops, const, terms, _ = configs[k]
-        set_async_overlap(x, col, z[k], async_terms[k], const + sum(c * x[t] for t, c in terms),
-                          shares[k], share_max)
-    return x
-
-
-def _has_copy(v: _Tensor, g: _Gap, x) -> bool:
-    first = v.start if v.start >= 0 else v.slow[0]
-    return x[first] > 0.5 or any(x[h.wA] > 0.5 for h in v.gaps if h is not g and h.wA >= 0)
-
-
-def _set_config(x, terms, k, ops, tv) -> None:
-    """Set the v[k,c] that matches the operands' tiers."""
-    slow = {t: x[tv[t].slow[tv[t].uses.index(k)]] > 0.5 for t in ops if t in tv}
-    free = [t for t in ops if t in tv]
-    # the v columns come in itertools.product order over the free operands, fast first
-    idx = 0
-    for t in free:
-        idx = idx * 2 + (1 if slow[t] else 0)
-    x[terms[idx][0]] = 1
+        raise solver_infeasible(graph, formulation, "direct", budget, pinned, budget_extra, cost.memory_system)
+    return decode_direct(graph, cost, budget, formulation, x, tv), stats

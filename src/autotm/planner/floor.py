@@ -27,10 +27,11 @@ from typing import Literal
 
 import numpy as np
 
+from ..errors import InfeasibleBudget
 from ..ir.graph import Role, TrainingGraph
 from ..ir.plan import Action, Plan, TensorPlan
 from .segments import carried_pairs, tensor_segments
-from .static import movable
+from .model import movable
 
 NO_BUDGET = ("all-fast", "all-slow")
 
@@ -106,13 +107,36 @@ def smallest_feasible(graph: TrainingGraph, formulation: str, access: str, acc: 
     if formulation == "first-touch":
         fixed = must_stay_fast(graph, frozenset())
         return _at_peak(graph, fixed + ws - acc.flat_extra, ws, "", direct=True)
-    fixed = must_stay_fast(graph, acc.pinned)
+    # (the solvers count pinned tensors in their capacity, and solver_extra gives them back)
+    fixed = must_stay_fast(graph, acc.pinned) + _pinned_bytes(graph, acc.pinned)
     if formulation in ("synchronous", "asynchronous"):
         fixed = fixed + updates_kept_fast(graph, acc.pinned)
     return _at_peak(graph, fixed - (acc.solver_extra if acc.solver_extra is not None else 0), ws, "", direct=True)
 
 
-def check_before_profile(graph: TrainingGraph, budget, formulation: str, access: str,
+def solver_infeasible(graph: TrainingGraph, formulation: str, access: str, budget: int, pinned: frozenset[int],
+                      budget_extra: np.ndarray | None, memory_system: str,
+                      restricted: tuple[int, str] | None = None) -> Exception:
+    """What to raise when the solver finds no `formulation` plan for `budget` (the solvers'
+    budget: capacity at k is budget + budget_extra[k]): InfeasibleBudget stating the
+    formulation's floor when that is above the budget (or `restricted`'s (bytes, what),
+    the floor of a model that keeps more tensors fast, when higher). Otherwise the floor,
+    a budget some plan of the model fits, is no higher than the budget that just failed:
+    the solver, not the budget, failed, and saying so beats naming a smaller budget that
+    failed as the smallest feasible one."""
+    n = len(graph.kernels)
+    acc = Accounting(pinned, None, np.zeros(n, dtype=np.int64), budget_extra)
+    floor = smallest_feasible(graph, formulation, access, acc, memory_system)
+    minimum, what = floor.bytes, floor.what
+    if restricted is not None and restricted[0] > minimum:
+        minimum, what = restricted
+    if minimum > budget:
+        return InfeasibleBudget(budget, minimum, what, formulation)
+    return RuntimeError(f"the solver found no {formulation} plan for a budget of {budget:,} bytes, although one "
+                        f"exists from {minimum:,} bytes ({what}): a solver failure, not an infeasible budget")
+
+
+def check_before_profile(graph: TrainingGraph, budget: object, formulation: str, access: str,
                          workspace: np.ndarray | None = None) -> None:
     """Raise InfeasibleBudget when no profile can make `budget` feasible for `formulation`:
     the floor of the graph alone (and of the `workspace` known so far, e.g. from the
@@ -169,6 +193,16 @@ def must_stay_fast(graph: TrainingGraph, pinned: frozenset[int]) -> np.ndarray:
     delta = np.zeros(len(graph.kernels) + 1, dtype=np.int64)
     for t in graph.tensors:
         if t.id not in can and t.id not in pinned:
+            delta[t.live[0]] += t.nbytes
+            delta[t.live[1] + 1] -= t.nbytes
+    return np.cumsum(delta[:-1])
+
+
+def _pinned_bytes(graph: TrainingGraph, pinned: frozenset[int]) -> np.ndarray:
+    """Per kernel, the bytes live there of the pinned tensors."""
+    delta = np.zeros(len(graph.kernels) + 1, dtype=np.int64)
+    for t in graph.tensors:
+        if t.id in pinned:
             delta[t.live[0]] += t.nbytes
             delta[t.live[1] + 1] -= t.nbytes
     return np.cumsum(delta[:-1])
@@ -263,7 +297,7 @@ def tightest_staged_plan(graph: TrainingGraph, pinned: frozenset[int] = frozense
         actions[ts.tensor] = acts
     tensors = tuple(TensorPlan(t.id, initial.get(t.id, "fast"), tuple(actions.get(t.id, ()))) for t in graph.tensors)
     return Plan(version=1, graph_name=graph.name, graph_fingerprint=graph.fingerprint, memory_system=memory_system,
-                access="staged", budget_bytes=None, planner="tightest", tensors=tensors, meta={})
+                access="staged", budget_bytes=None, planner="tightest", tensors=tensors)
 
 
 def tightest_direct_plan(graph: TrainingGraph, pinned: frozenset[int] = frozenset(),
@@ -276,7 +310,7 @@ def tightest_direct_plan(graph: TrainingGraph, pinned: frozenset[int] = frozense
     tensors = tuple(TensorPlan(t.id, "slow" if t.id in can and t.id not in kept else "fast", ())
                     for t in graph.tensors)
     return Plan(version=1, graph_name=graph.name, graph_fingerprint=graph.fingerprint, memory_system=memory_system,
-                access="direct", budget_bytes=None, planner="tightest", tensors=tensors, meta={})
+                access="direct", budget_bytes=None, planner="tightest", tensors=tensors)
 
 
 def tightest_first_touch(graph: TrainingGraph, memory_system: str = "cpu+file") -> Plan:
@@ -287,5 +321,5 @@ def tightest_first_touch(graph: TrainingGraph, memory_system: str = "cpu+file") 
     return _first_touch(graph, 0, memory_system, 0, frozenset(), _uses(graph))
 
 
-__all__ = ["Floor", "Accounting", "accounting", "smallest_feasible", "check_before_profile", "kernel_needs",
-           "tightest_staged_plan", "tightest_direct_plan"]
+__all__ = ["Floor", "Accounting", "accounting", "smallest_feasible", "solver_infeasible", "check_before_profile",
+           "kernel_needs", "tightest_staged_plan", "tightest_direct_plan"]

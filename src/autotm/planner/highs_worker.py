@@ -30,7 +30,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import IO, Any
 
 import numpy as np
 
@@ -50,7 +52,7 @@ class Info:
     primal_solution_status: int = 0  # 2: feasible
 
 
-def model_arrays(lp) -> dict:
+def model_arrays(lp: Any) -> dict[str, Any]:
     """lp's model as row-wise arrays: what the worker, rins() and feasible() read."""
     a = lp.a_matrix_
     start, index, value = (np.asarray(a.start_, dtype=np.int64), np.asarray(a.index_, dtype=np.int32),
@@ -69,7 +71,8 @@ def model_arrays(lp) -> dict:
         start=np.asarray(start, dtype=np.int32), index=index, value=value)
 
 
-def request(h, lp, x0, rins_share: float = RINS_SHARE, reference=None) -> dict:
+def request(h: Any, lp: Any, x0: np.ndarray | None, rins_share: float = RINS_SHARE,
+            reference: np.ndarray | None = None) -> dict[str, Any]:
     """What the worker needs: the model as row-wise arrays, h's options, the start, the
     reference point (improve_start), and the share of the time limit that the search
     around them may take before HiGHS runs from its result."""
@@ -78,7 +81,7 @@ def request(h, lp, x0, rins_share: float = RINS_SHARE, reference=None) -> dict:
                 reference=None if reference is None else np.asarray(reference, dtype=float))
 
 
-def feasible(model: dict, x: np.ndarray, tol: float = 1e-6) -> bool:
+def feasible(model: dict[str, Any], x: np.ndarray, tol: float = 1e-6) -> bool:
     """Does x satisfy the bounds, rows and integrality of `model` (model_arrays)?"""
     x = np.asarray(x, dtype=float)
     rows = np.repeat(np.arange(model["m"]), np.diff(model["start"]))
@@ -89,12 +92,14 @@ def feasible(model: dict, x: np.ndarray, tol: float = 1e-6) -> bool:
                 and np.all(np.abs(x[ints] - np.round(x[ints])) <= tol))
 
 
-def improve_start(highspy, req: dict, time_limit: float, send=None) -> np.ndarray | None:
+def improve_start(highspy: Any, req: dict[str, Any], time_limit: float,
+                  send: Callable[[np.ndarray], None] | None = None) -> np.ndarray | None:
     """The start HiGHS should run from: rins() around req's reference point if it has one
     (a plan that may break rows: the arena's re-solve for a lower budget starts from the
     plan that fragmented), else around its start; whichever of that and the start is
     cheaper and feasible. `send(x)` is told of a better start found."""
-    x0, ref = req["x0"], req["reference"]
+    x0: np.ndarray | None = req["x0"]
+    ref: np.ndarray | None = req["reference"]
     base = ref if ref is not None else x0
     if base is None or time_limit <= 0 or not req["integer"].any():
         return x0
@@ -106,7 +111,8 @@ def improve_start(highspy, req: dict, time_limit: float, send=None) -> np.ndarra
     return x
 
 
-def run_isolated(highspy, req: dict, deadline: float, verbose: bool = False):
+def run_isolated(highspy: Any, req: dict[str, Any], deadline: float,
+                 verbose: bool = False) -> tuple[np.ndarray | None, Info, Any]:
     """Solve `req` in a worker process, killed after `deadline` seconds if still running.
 
     Returns (x or None, Info, HighsModelStatus): x the best solution reported (by our
@@ -117,10 +123,10 @@ def run_isolated(highspy, req: dict, deadline: float, verbose: bool = False):
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(w)], stdin=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, stderr=err, pass_fds=(w,))
     os.close(w)
-    state: dict = dict(best=None, best_cost=np.inf, bound=float("-inf"), done=None, killed=False)
+    state: dict[str, Any] = dict(best=None, best_cost=np.inf, bound=float("-inf"), done=None, killed=False)
     cost = req["cost"]
 
-    def read():
+    def read() -> None:
         with os.fdopen(r, "rb") as f:
             while True:
                 try:
@@ -139,6 +145,7 @@ def run_isolated(highspy, req: dict, deadline: float, verbose: bool = False):
     reader.start()
     try:
         try:
+            assert proc.stdin is not None  # (stdin=PIPE)
             pickle.dump(req, proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
             proc.stdin.close()
         except BrokenPipeError:
@@ -173,7 +180,8 @@ def run_isolated(highspy, req: dict, deadline: float, verbose: bool = False):
     return x, Info(objective, bound, primal_status), getattr(highspy.HighsModelStatus, status)
 
 
-def _highs(highspy, req: dict, time_limit: float, lower=None, upper=None, integer: bool = True):
+def _highs(highspy: Any, req: dict[str, Any], time_limit: float, lower: np.ndarray | None = None,
+           upper: np.ndarray | None = None, integer: bool = True) -> Any:
     """A Highs object holding req's model (its bounds replaced by lower/upper if given;
     the LP relaxation when not integer), with req's options and this time limit."""
     h = highspy.Highs()
@@ -197,7 +205,7 @@ def _highs(highspy, req: dict, time_limit: float, lower=None, upper=None, intege
     return h
 
 
-def set_start(highspy, h, x) -> None:
+def set_start(highspy: Any, h: Any, x: np.ndarray) -> None:
     """Give h the solution x to start from (HiGHS keeps it as its incumbent if feasible)."""
     sol = highspy.HighsSolution()
     sol.col_value = list(x)
@@ -211,7 +219,7 @@ def cheaper(cost: np.ndarray, x: np.ndarray, y: np.ndarray) -> bool:
     return cx < cy - 1e-12 * max(1.0, abs(cy))
 
 
-def rins(highspy, req: dict, x0: np.ndarray, time_limit: float) -> np.ndarray | None:
+def rins(highspy: Any, req: dict[str, Any], x0: np.ndarray, time_limit: float) -> np.ndarray | None:
     """Relaxation induced neighbourhood search (Danna, Rothberg, Le Pape 2005) from x0:
     solve the LP relaxation, fix every integer column on which it agrees with x0, and
     solve the small MIP left, from x0. A better solution than x0, or None. x0 may break
@@ -243,13 +251,13 @@ def rins(highspy, req: dict, x0: np.ndarray, time_limit: float) -> np.ndarray | 
     return x if not x0_feasible or cheaper(req["cost"], x, x0) else None
 
 
-def _solve(req: dict, out) -> None:
+def _solve(req: dict[str, Any], out: IO[bytes]) -> None:
     import highspy
 
     lock = threading.Lock()  # HiGHS calls back from its worker threads
     last = [0.0]
 
-    def send(msg) -> None:
+    def send(msg: tuple[Any, ...]) -> None:
         with lock:
             pickle.dump(msg, out, protocol=pickle.HIGHEST_PROTOCOL)
             out.flush()
@@ -262,11 +270,11 @@ def _solve(req: dict, out) -> None:
     if x0 is not None:
         set_start(highspy, h, x0)
 
-    def improving(e) -> None:
+    def improving(e: Any) -> None:
         d = e.data_out
         send(("solution", float(d.objective_function_value), np.array(d.mip_solution, dtype=float)))
 
-    def progress(e) -> None:
+    def progress(e: Any) -> None:
         if time.monotonic() - last[0] >= 1.0:
             last[0] = time.monotonic()
             send(("bound", float(e.data_out.mip_dual_bound)))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir.graph import Role, TrainingGraph
+from ..ir.graph import Role, Tensor, TrainingGraph
 
 CARRIED = ("param:", "buffer:", "opt:")
 
@@ -55,7 +55,7 @@ def tensor_segments(graph: TrainingGraph, *, min_bytes: int = 0, pinned: frozens
     carried_inputs = set(pairs.values())
     n = len(graph.kernels)
 
-    def may_start_slow(t) -> bool:  # an input that gets an initial segment below
+    def may_start_slow(t: Tensor) -> bool:  # an input that gets an initial segment below
         return (t.id in carried_inputs and t.producer is None and t.id not in pinned and t.nbytes >= max(min_bytes, 1)
                 and t.role in (Role.WEIGHT, Role.BUFFER, Role.OPTIMIZER_STATE) and bool(t.users))
     # an update may leave fast memory after its last use only if its input may start the

@@ -28,25 +28,23 @@ import time
 
 import numpy as np
 
+from ..errors import InfeasibleBudget
 from ..ir.costmodel import CostModel, operand_tensors
-from ..ir.graph import Role, TrainingGraph
+from ..ir.graph import TrainingGraph
 from ..ir.plan import Plan, TensorPlan
-from .ilp import MARGIN_BYTES, SCALE, ILPStats, InfeasibleBudget, _feasible, _Rows, _Vars, capacity_chain, highs_model, \
-    solve_model
+from ..ir.plan_meta import SolverStats
+from . import families as fam
+from .floor import solver_infeasible
+from .highs_driver import Solve, highs_model, is_feasible, solve_model, solver_stats
+from .model import MARGIN_BYTES, SCALE, Block, RowKey, RowList, Rows, Vars, movable
 from .segments import carried_pairs
 
-FIXED_FAST = (Role.INPUT, Role.SCALAR, Role.CONSTANT, Role.OUTPUT)
 
-
-def _direct_plan(graph: TrainingGraph, cost: CostModel, budget, planner: str, slow: set[int]) -> Plan:
+def _direct_plan(graph: TrainingGraph, cost: CostModel, budget: int | None, planner: str, slow: set[int]) -> Plan:
     tensors = tuple(TensorPlan(t.id, "slow" if t.id in slow else "fast", ()) for t in graph.tensors)
     return Plan(version=1, graph_name=graph.name, graph_fingerprint=graph.fingerprint, memory_system=cost.memory_system,
                 access="direct", budget_bytes=None if budget is None else int(budget), planner=planner,
-                tensors=tensors, meta={})
-
-
-def movable(graph: TrainingGraph, pinned: frozenset[int] = frozenset()) -> list[int]:
-    return [t.id for t in graph.tensors if t.role not in FIXED_FAST and t.id not in pinned and t.nbytes > 0]
+                tensors=tensors)
 
 
 def all_slow_plan(graph: TrainingGraph, cost: CostModel) -> Plan:
@@ -82,9 +80,20 @@ def first_touch_direct_plan(graph: TrainingGraph, cost: CostModel, budget: int) 
     return _direct_plan(graph, cost, budget, "first-touch", slow)
 
 
+def steady_state(z: dict[int, int], pairs: dict[int, int]) -> Block:
+    """Steady state, per carried pair (t' replaces t next iteration), both movable:
+        z[t'] - z[t] = 0"""
+    r = RowList("steady state")
+    for out, inp in pairs.items():
+        if out in z and inp in z:
+            r.ones([z[out]], 0.0, 0.0, minus=[z[inp]])
+    return r.block()
+
+
 def solve_static(graph: TrainingGraph, cost: CostModel, budget: int, *, time_limit: float = 60.0,
-                 mip_gap: float = 0.01, pinned: frozenset[int] = frozenset(), budget_extra=None,
-                 threads: int | None = None, verbose: bool = False) -> tuple[Plan, ILPStats]:
+                 mip_gap: float = 0.01, pinned: frozenset[int] = frozenset(), budget_extra: np.ndarray | None = None,
+                 threads: int | None = None, verbose: bool = False) -> tuple[Plan, SolverStats]:
+    """Solve the static ILP (module doc) and decode the plan."""
     import highspy
 
     t0 = time.perf_counter()
@@ -99,57 +108,58 @@ def solve_static(graph: TrainingGraph, cost: CostModel, budget: int, *, time_lim
     if fixed[k_need] > budget + extra[k_need]:
         raise InfeasibleBudget(budget, int(fixed[k_need] - extra[k_need]),
                                f"kernel {k_need} ({graph.kernels[k_need].op}) with tensors that must stay fast")
-    V, R = _Vars(), _Rows()
+    V, R = Vars(), Rows()
     z = {tid: int(c) for tid, c in zip(can, V.add(len(can)))}
-    # steady state: z[out] = z[in]
-    for out, inp in carried_pairs(graph).items():
-        if out in z and inp in z:
-            R.add("steady state", [z[out], z[inp]], [1.0, -1.0], 0.0, 0.0)
+    R.timed(lambda: steady_state(z, carried_pairs(graph)))
+    t = time.perf_counter()
+    config = RowList("config")
     constant = 0.0
     placements = []  # per kernel with placement columns: the column of all its free operands slow
     for k in range(n):
         kern = graph.kernels[k]
         ops = operand_tensors(kern.inputs, kern.outputs)
-        const, terms, is_config = kernel_time_terms(V, R, cost, k, ops, {t: z[t] for t in ops if t in z})
+        const, terms, is_config = kernel_time_terms(V, config, cost, k, ops, {t: z[t] for t in ops if t in z})
         if is_config:
             placements.append(terms[-1][0])  # (itertools.product order: all "slow" last)
         constant += const
         for col, coef in terms:
             V.add_cost(col, coef)
-    # capacity: -sum s_t z[t] <= B - live_bytes[k], as a running sum (ilp.capacity_chain)
+    R.add(config.block(), time.perf_counter() - t)
+    # capacity: -sum s_t z[t] <= B - live_bytes[k], as a running sum (families.capacity)
+    t = time.perf_counter()
     cap_iv = [(graph.tensors[tid].live[0], graph.tensors[tid].live[1], z[tid], -float(graph.tensors[tid].nbytes))
               for tid in can]
     rhs = (budget + extra - np.asarray(graph.live_bytes, dtype=np.float64) - MARGIN_BYTES) / SCALE
-    fill, _ = capacity_chain(R, V, cap_iv, rhs, n)
-    stats = ILPStats(variables=V.n)
+    cap = fam.capacity(V, cap_iv, rhs, n)
+    R.add(cap.block, time.perf_counter() - t)
     h, lp = highs_model(highspy, V, R, constant, time_limit=time_limit, mip_gap=mip_gap, threads=threads,
                         verbose=verbose)
-    stats.binaries = int(np.concatenate(V.integer).sum())
-    stats.rows, stats.nonzeros = R.n, len(lp.a_matrix_.value_)
-    stats.build_seconds = time.perf_counter() - t0
+    build_seconds = time.perf_counter() - t0
     # every movable tensor slow: a solution at every budget from the floor (floor.py), the
     # start that makes the solver return a plan there even at its time limit (densenet264
     # test at its floor: no plan in 5 s without it)
     x0 = np.zeros(V.n)
     x0[list(z.values())] = 1.0
     x0[placements] = 1.0
-    x0 = fill(x0)
-    x = solve_model(h, highspy, lp, x0 if _feasible(lp, x0) else None, constant, time_limit, stats)
+    x0 = cap.fill(x0)
+    solve = Solve()
+    x = solve_model(h, highspy, lp, x0 if is_feasible(lp, x0) else None, constant, time_limit, solve)
+    stats = solver_stats(V, R, len(lp.a_matrix_.value_), build_seconds, solve)
     if x is None:
-        raise InfeasibleBudget(budget, int(fixed[k_need]), f"kernel {k_need} ({graph.kernels[k_need].op})")
+        raise solver_infeasible(graph, "static", "direct", budget, pinned, budget_extra, cost.memory_system)
     slow = {tid for tid, col in z.items() if x[col] > 0.5}
     return _direct_plan(graph, cost, budget, "static", slow), stats
 
 
-def kernel_time_terms(V: _Vars, R: _Rows, cost: CostModel, k: int, ops: tuple[int, ...],
-                      slow: dict[int, int]) -> tuple[float, list[tuple[int, float]], bool]:
+def kernel_time_terms(V: Vars, R: RowList, cost: CostModel, k: int, ops: tuple[int, ...],
+                      slow: dict[int, int], key: RowKey | None = None) -> tuple[float, list[tuple[int, float]], bool]:
     """Kernel k's time as constant + sum coef * x[col]. `ops` are its operands in placement
     order; `slow` maps an operand to the binary column that says it is in slow memory at k
     (operands not in it are fast).
 
     With every placement of the free operands profiled, adds one binary v[k,c] per
     placement c, constrained so that exactly the one matching the operands' tiers is 1,
-    and returns their times; otherwise the additive model of CostModel.kernel_time.
+    (config rows, into R) and returns their times; otherwise the additive model of CostModel.kernel_time.
     The flag says which: True when the columns are the v[k,c], in itertools.product
     order over the free operands ("fast" before "slow").
     """
@@ -158,7 +168,7 @@ def kernel_time_terms(V: _Vars, R: _Rows, cost: CostModel, k: int, ops: tuple[in
     if not free:
         return base, [], False
     table = cost.placement_seconds.get(k, {})
-    combos = []
+    combos: list[tuple[str, ...]] = []
     for bits in itertools.product(("fast", "slow"), repeat=len(free)):
         c = ["fast"] * len(ops)
         for i, b in zip(free, bits):
@@ -166,13 +176,13 @@ def kernel_time_terms(V: _Vars, R: _Rows, cost: CostModel, k: int, ops: tuple[in
         combos.append(tuple(c))
     if all(c in table or "slow" not in c for c in combos):
         vs = V.add(len(combos))
-        R.add("config", list(vs), [1.0] * len(vs), 1.0, 1.0)
-        for col, c in zip(vs, combos):
+        R.add(list(vs), [1.0] * len(vs), 1.0, 1.0, key)
+        for col, combo in zip(vs, combos):
             for i in free:
-                if c[i] == "slow":
-                    R.add("config", [int(col), slow[ops[i]]], [1.0, -1.0], -np.inf, 0.0)
+                if combo[i] == "slow":
+                    R.add([int(col), slow[ops[i]]], [1.0, -1.0], -np.inf, 0.0, key)
                 else:
-                    R.add("config", [int(col), slow[ops[i]]], [1.0, 1.0], -np.inf, 1.0)
+                    R.add([int(col), slow[ops[i]]], [1.0, 1.0], -np.inf, 1.0, key)
         return 0.0, [(int(col), table.get(c, base) if "slow" in c else base) for col, c in zip(vs, combos)], True
     # additive, as CostModel.kernel_time does for partially profiled kernels
     terms = []
