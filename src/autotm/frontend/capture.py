@@ -27,8 +27,11 @@ from .grad_clipping import GradClip
 from .rnn import distinct_bias_gradients, train_rnn_layers
 from .optim_lowering import OptimizerLowering, derived, lower_optimizer, used_names
 
-# Ops that return an alias of an input although their schema does not say so.
-_ALIASING_OPS = {torch.ops.aten._unsafe_view.default, torch.ops.aten.alias.default}
+# Ops that return an alias of an input although their schema does not say so (unsafe_split:
+# the C++ GRU cell's unsafe_chunk, whose chunks it then writes in place).
+_ALIASING_OPS = {torch.ops.aten._unsafe_view.default, torch.ops.aten.alias.default,
+                 torch.ops.aten.unsafe_split.Tensor, torch.ops.aten.unsafe_split_with_sizes.default,
+                 torch.ops.aten.unsafe_chunk.default}
 
 
 @dataclass
@@ -100,11 +103,10 @@ class _LossOf(nn.Module):
 # multiplies. LSTM: eager's C++ kernel runs oneDNN's fused mkldnn_rnn_layer per layer (and
 # mkldnn_rnn_layer_backward, see rnn.py) where torch._decomp unrolls it into per-timestep
 # kernels (or, when the input needs no gradient, calls the fused op in inference mode,
-# without the workspace its backward needs). RNN (tanh, relu): the decomposition adds a cat.
-# (Not GRU: its C++ cell writes in place into unsafe_chunk views, which functionalization
-# leaves aliased; its decomposition runs the same kernels in the same order, bit for bit.)
+# without the workspace its backward needs). GRU and RNN: the decompositions add kernels
+# eager does not run (a cat; sums over broadcast dimensions).
 _PYTHON_DECOMPOSED = ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout",
-                      "lstm", "rnn_tanh", "rnn_relu")
+                      "lstm", "gru", "rnn_tanh", "rnn_relu")
 
 
 @contextlib.contextmanager
