@@ -66,11 +66,11 @@ class GradClip:
 
 
 def _like(g: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """`g` copied into `p`'s layout, as AccumulateGrad's clone_obey_contract lays out `.grad`."""
-    formats = [torch.contiguous_format] + ([torch.channels_last] if p.dim() == 4 else []) + (
-        [torch.channels_last_3d] if p.dim() == 5 else [])
-    for fmt in formats:
-        if p.is_contiguous(memory_format=fmt):
-            return g.clone(memory_format=fmt)
-    raise CaptureError(f"clip_grad_norm: a parameter of shape {list(p.shape)} has strides {list(p.stride())}, "
-                       "which are not supported")
+    """`g` copied into `p`'s layout, as AccumulateGrad's clone_obey_contract lays out `.grad`:
+    `p`'s strides where `p` is dense, else contiguous. (A copy: exact.)"""
+    if not p.is_non_overlapping_and_dense():
+        return g.contiguous()
+    # p's dims from outermost to innermost in memory; g in that order, made contiguous
+    order = sorted(range(p.dim()), key=lambda d: -p.stride(d))
+    inverse = sorted(range(p.dim()), key=lambda d: order[d])
+    return g.permute(order).contiguous().permute(inverse)
