@@ -24,8 +24,8 @@ from torch import nn
 from ..errors import CaptureError
 from ..ir.graph import Kernel, Role, Tensor, TrainingGraph, check
 from .grad_clipping import GradClip
-from .rnn import distinct_bias_gradients, train_rnn_layers
 from .optim_lowering import OptimizerLowering, derived, lower_optimizer, used_names
+from .rnn import distinct_bias_gradients, train_rnn_layers
 
 # Ops that return an alias of an input although their schema does not say so (unsafe_split:
 # the C++ GRU cell's unsafe_chunk, whose chunks it then writes in place).

@@ -25,10 +25,6 @@ import torch.fx as fx
 _FORWARD = torch.ops.aten.mkldnn_rnn_layer.default
 _BACKWARD = torch.ops.aten.mkldnn_rnn_layer_backward.default
 
-_LIB = torch.library.Library("autotm", "FRAGMENT")
-_LIB.define("mkldnn_rnn_layer_train(Tensor input, Tensor weight0, Tensor weight1, Tensor weight2, Tensor weight3, "
-            "Tensor hx_, Tensor cx_, bool reverse, int[] batch_sizes, int mode, int hidden_size, int num_layers, "
-            "bool has_biases, bool bidirectional, bool batch_first, bool train) -> (Tensor, Tensor, Tensor, Tensor)")
 
 
 def _layer_train(*args):
@@ -36,6 +32,11 @@ def _layer_train(*args):
         return _FORWARD(*args)
 
 
+# (the registration lasts as long as the Library object: this module's)
+_LIB = torch.library.Library("autotm", "FRAGMENT")
+_LIB.define("mkldnn_rnn_layer_train(Tensor input, Tensor weight0, Tensor weight1, Tensor weight2, Tensor weight3, "
+            "Tensor hx_, Tensor cx_, bool reverse, int[] batch_sizes, int mode, int hidden_size, int num_layers, "
+            "bool has_biases, bool bidirectional, bool batch_first, bool train) -> (Tensor, Tensor, Tensor, Tensor)")
 _LIB.impl("mkldnn_rnn_layer_train", _layer_train, "CPU")
 TRAIN = torch.ops.autotm.mkldnn_rnn_layer_train.default
 
@@ -65,7 +66,10 @@ def distinct_bias_gradients():
 
 
 def _real_workspace_bytes(node: fx.Node, cache: dict) -> int:
-    """The workspace bytes of the real kernel for this call: it runs once on zeros."""
+    """The workspace bytes of the real kernel for this call: it runs once on zeros (real
+    ones, also in a fake capture: the size is oneDNN's to say)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
     def real(a):
         v = a.meta.get("val") if isinstance(a, fx.Node) else a
         if isinstance(v, torch.Tensor):
@@ -76,7 +80,8 @@ def _real_workspace_bytes(node: fx.Node, cache: dict) -> int:
 
     key = str([_shape(a) for a in node.args])
     if key not in cache:
-        cache[key] = int(TRAIN(*[real(a) for a in node.args])[3].untyped_storage().nbytes())
+        with unset_fake_temporarily():
+            cache[key] = int(TRAIN(*[real(a) for a in node.args])[3].untyped_storage().nbytes())
     return cache[key]
 
 
