@@ -68,9 +68,10 @@ class GradClip:
 def _like(g: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """`g` copied into `p`'s layout, as AccumulateGrad's clone_obey_contract lays out `.grad`:
     `p`'s strides where `p` is dense, else contiguous. (A copy: exact.)"""
-    if not p.is_non_overlapping_and_dense():
+    if not p.is_non_overlapping_and_dense():  # type: ignore[attr-defined]
         return g.contiguous()
     # p's dims from outermost to innermost in memory; g in that order, made contiguous
-    order = sorted(range(p.dim()), key=lambda d: -p.stride(d))
+    strides = p.stride()
+    order = sorted(range(p.dim()), key=lambda d: -strides[d])
     inverse = sorted(range(p.dim()), key=lambda d: order[d])
     return g.permute(order).contiguous().permute(inverse)
