@@ -66,3 +66,19 @@ def test_clip_options_are_checked_before_anything_runs():
         autotm.compile(m, lm_loss, opt, batches()[0], clip_grad_norm="1.0")
     with pytest.raises(CaptureError, match="clip_norm_type must be positive"):
         autotm.compile(m, lm_loss, opt, batches()[0], clip_grad_norm=1.0, clip_norm_type=0)
+
+
+@pytest.mark.parametrize("layout", ["transposed", "channels_last", "strided"])
+def test_a_gradient_is_clipped_in_the_layout_eagers_grad_has(layout):
+    """(torch's export has handed every gradient tried in its parameter's strides; should
+    one come otherwise, the clip reduces it in the layout AccumulateGrad gives `.grad`.)"""
+    from autotm.frontend.grad_clipping import _like
+
+    base = {"transposed": lambda: torch.randn(10, 16).t(),
+            "channels_last": lambda: torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
+            "strided": lambda: torch.randn(4, 6)[:, ::2]}[layout]()
+    p = base.detach().requires_grad_(True)
+    incoming = torch.randn(p.shape)  # contiguous, as a kernel's output
+    (p * incoming).sum().backward()
+    got = _like(incoming, p)
+    assert got.stride() == p.grad.stride() and torch.equal(got, p.grad)

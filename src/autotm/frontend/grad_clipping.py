@@ -68,7 +68,9 @@ class GradClip:
 def _like(g: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """`g` copied into `p`'s layout, as AccumulateGrad's clone_obey_contract lays out `.grad`:
     `p`'s strides where `p` is dense, else contiguous. (A copy: exact.)"""
-    if not p.is_non_overlapping_and_dense():  # type: ignore[attr-defined]
+    from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
+
+    if not is_non_overlapping_and_dense(p):
         return g.contiguous()
     # p's dims from outermost to innermost in memory; g in that order, made contiguous
     strides = p.stride()
