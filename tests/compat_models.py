@@ -1,5 +1,6 @@
 """Models nobody on this project wrote, at tiny sizes: torchvision classifiers, Hugging Face
-transformers built from configs (no downloads), an LSTM classifier. Each entry builds
+transformers built from configs (no downloads), recurrent classifiers (nn.LSTM after an
+embedding and fed the batch directly, nn.GRU, nn.RNN). Each entry builds
 (model, make_optimizer, loss_fn, batches) from a seed."""
 
 from __future__ import annotations
@@ -118,12 +119,41 @@ def _mobilenet_v3(models):
     return models.mobilenetv3.MobileNetV3(setting[:4], last_channel=64, num_classes=CLASSES)
 
 
+class RecurrentClassifier(nn.Module):
+    """An nn.LSTM, nn.GRU or nn.RNN reading the batch (features per time step) directly."""
+
+    def __init__(self, rnn: nn.RNNBase):
+        super().__init__()
+        self.rnn = rnn
+        self.head = nn.Linear(rnn.hidden_size, CLASSES)
+
+    def forward(self, x):
+        out, _ = self.rnn(x)
+        return self.head(out[:, -1] if self.rnn.batch_first else out[-1])
+
+
+FEATURES = 16
+
+
+def sequence_batches(batch_first: bool, n=3, seed=1, seq=SEQ):
+    g = torch.Generator().manual_seed(seed)
+    shape = (BATCH, seq, FEATURES) if batch_first else (seq, BATCH, FEATURES)
+    return [(torch.randn(*shape, generator=g), torch.randint(0, CLASSES, (BATCH,), generator=g)) for _ in range(n)]
+
+
 def _lstm():
     def lstm_batches(n=3, seed=1):
         g = torch.Generator().manual_seed(seed)
         return [(torch.randint(0, VOCAB, (BATCH, SEQ), generator=g), torch.randint(0, CLASSES, (BATCH,), generator=g))
                 for _ in range(n)]
     return LSTMClassifier(), _adamw, nn.CrossEntropyLoss(), lstm_batches()
+
+
+def _recurrent(kind, batch_first, **options):
+    def make():
+        rnn = getattr(nn, kind)(FEATURES, 32, batch_first=batch_first, **options)
+        return RecurrentClassifier(rnn), _sgd, nn.CrossEntropyLoss(), sequence_batches(batch_first)
+    return make
 
 
 MODELS = {
@@ -146,4 +176,8 @@ MODELS = {
     "t5": _hf(lambda t: t.T5ForConditionalGeneration(t.T5Config(d_model=32, d_ff=64, d_kv=16, num_layers=1,
                                                                 num_heads=2, vocab_size=VOCAB)), decoder_inputs=True),
     "lstm": _lstm,
+    "lstm_direct": _recurrent("LSTM", False, num_layers=2),
+    "gru": _recurrent("GRU", True, num_layers=2),
+    "rnn": _recurrent("RNN", False),
 }
+RECURRENT = ("lstm", "lstm_direct", "gru", "rnn")

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 
 from .frontend.capture import capture
+from .frontend.grad_clipping import GradClip
 from .errors import SessionFailed, StateChanged
 from .runtime.report import RunReport
 from .runtime.session import ExecutorSession
@@ -76,7 +77,8 @@ class CompiledStep:
     def __init__(self, model: torch.nn.Module, loss_fn, optimizer: torch.optim.Optimizer, example_batch, *,
                  memory: str | MemorySystem = "cpu+file", budget: Any = None, formulation: str = "asynchronous",
                  cache=None, slow_dir: str | None = None, progress: bool | CompileProgress | None = None,
-                 **plan_options):
+                 clip_grad_norm: float | None = None, clip_norm_type: float = 2.0,
+                 clip_grad_value: float | None = None, **plan_options):
         from .profile.profiler import profile
         from .runtime.overhead import measure_executor_overhead
 
@@ -104,7 +106,11 @@ class CompiledStep:
         # RNG stream goes on after compile as if compile had not run
         with torch.random.fork_rng(devices=[]):
             stage("capture", type(model).__name__)
-            self.graph = capture(model, loss_fn, optimizer, tuple(example_batch), name=type(model).__name__)
+            clip = None
+            if clip_grad_norm is not None or clip_grad_value is not None:
+                clip = GradClip(max_norm=clip_grad_norm, norm_type=clip_norm_type, clip_value=clip_grad_value)
+            self.graph = capture(model, loss_fn, optimizer, tuple(example_batch), name=type(model).__name__,
+                                 clip=clip)
             finished("capture")
             self._owned = isinstance(memory, str)
             self.memory = make_memory_system(memory, slow_dir=slow_dir) if isinstance(memory, str) else memory
@@ -381,7 +387,8 @@ class CompiledStep:
 
 def compile(model: torch.nn.Module, loss_fn, optimizer: torch.optim.Optimizer, example_batch, *,
             memory: str | MemorySystem = "cpu+file", budget: Any = None, formulation: str = "asynchronous",
-            cache=None, progress: bool | CompileProgress | None = None, **plan_options) -> CompiledStep:
+            cache=None, progress: bool | CompileProgress | None = None, clip_grad_norm: float | None = None,
+            clip_norm_type: float = 2.0, clip_grad_value: float | None = None, **plan_options) -> CompiledStep:
     """Plan `model`'s training iteration for `memory` and `budget`; return the step function.
 
     `progress`: True prints each stage (capture, profile, plan) on stderr as it goes; a
@@ -390,6 +397,10 @@ def compile(model: torch.nn.Module, loss_fn, optimizer: torch.optim.Optimizer, e
     `budget`: bytes ("6GB"), a slow:fast ratio ("4:1"), or "min", the smallest budget at
     which `formulation` finds a plan. A budget under that raises autotm.InfeasibleBudget,
     which states it (before the profile where the graph alone shows it).
+    `clip_grad_norm` (with `clip_norm_type`) or `clip_grad_value`: every step clips the
+    gradients between backward and update as `torch.nn.utils.clip_grad_norm_(model.parameters(),
+    clip_grad_norm, clip_norm_type)` or `clip_grad_value_(model.parameters(), clip_grad_value)`
+    would in an eager loop, bit for bit (the step has no place for your own call).
 
     Example:
         >>> step = autotm.compile(model, nn.CrossEntropyLoss(), opt, (x, y), budget="4:1")
@@ -398,7 +409,8 @@ def compile(model: torch.nn.Module, loss_fn, optimizer: torch.optim.Optimizer, e
         >>> model.state_dict()  # current weights
     """
     return CompiledStep(model, loss_fn, optimizer, example_batch, memory=memory, budget=budget,
-                        formulation=formulation, cache=cache, progress=progress, **plan_options)
+                        formulation=formulation, cache=cache, progress=progress, clip_grad_norm=clip_grad_norm,
+                        clip_norm_type=clip_norm_type, clip_grad_value=clip_grad_value, **plan_options)
 
 
 @dataclasses.dataclass

@@ -23,10 +23,15 @@ from torch import nn
 
 from ..errors import CaptureError
 from ..ir.graph import Kernel, Role, Tensor, TrainingGraph, check
+from .grad_clipping import GradClip
 from .optim_lowering import OptimizerLowering, derived, lower_optimizer, used_names
+from .rnn import distinct_bias_gradients, train_rnn_layers
 
-# Ops that return an alias of an input although their schema does not say so.
-_ALIASING_OPS = {torch.ops.aten._unsafe_view.default, torch.ops.aten.alias.default}
+# Ops that return an alias of an input although their schema does not say so (unsafe_split:
+# the C++ GRU cell's unsafe_chunk, whose chunks it then writes in place).
+_ALIASING_OPS = {torch.ops.aten._unsafe_view.default, torch.ops.aten.alias.default,
+                 torch.ops.aten.unsafe_split.Tensor, torch.ops.aten.unsafe_split_with_sizes.default,
+                 torch.ops.aten.unsafe_chunk.default}
 
 
 @dataclass
@@ -95,10 +100,13 @@ class _LossOf(nn.Module):
 # Ops whose Python decomposition (torch._decomp, used while tracing) is not what eager runs
 # on the CPU: dropout became native_dropout (a bool mask times a scale rounded in double)
 # where eager's C++ kernel draws a float mask with bernoulli_, divides it by 1 - p and
-# multiplies. (Not LSTM: eager's C++ path calls mkldnn_rnn_layer, whose backward returns
-# one tensor as two parameters' gradients, which export refuses; its Python decomposition
-# stays, per-timestep kernels that round differently: README, "Your own model".)
-_PYTHON_DECOMPOSED = ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout")
+# multiplies. LSTM: eager's C++ kernel runs oneDNN's fused mkldnn_rnn_layer per layer (and
+# mkldnn_rnn_layer_backward, see rnn.py) where torch._decomp unrolls it into per-timestep
+# kernels (or, when the input needs no gradient, calls the fused op in inference mode,
+# without the workspace its backward needs). GRU and RNN: the decompositions add kernels
+# eager does not run (a cat; sums over broadcast dimensions).
+_PYTHON_DECOMPOSED = ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout",
+                      "lstm", "gru", "rnn_tanh", "rnn_relu")
 
 
 @contextlib.contextmanager
@@ -131,7 +139,8 @@ def _decompose_as_eager():
                     op._dispatch_cache.clear()
     ft._can_decompose_fast = eager_rule
     try:
-        yield
+        with distinct_bias_gradients():
+            yield
     finally:
         ft._can_decompose_fast = export_rule
         for op, key, fn in removed:
@@ -225,6 +234,7 @@ def capture(
     example_batch: Sequence[torch.Tensor],
     *,
     name: str = "model",
+    clip: GradClip | None = None,
 ) -> TrainingGraph:
     """Capture one training iteration of `model` as a TrainingGraph.
 
@@ -234,6 +244,8 @@ def capture(
         optimizer: a torch.optim.SGD, Adam or AdamW over the model's parameters.
         example_batch: (inputs..., target). Real tensors, or fake tensors (from a
             FakeTensorMode the model was also built in) to capture without allocating.
+        clip: gradient clipping between backward and update (`clip_grad_norm_` or
+            `clip_grad_value_` over `model.parameters()`, as eager's loop would call it).
 
     Returns:
         The TrainingGraph; `graph.program` runs it (see autotm.replay).
@@ -328,6 +340,8 @@ def capture(
         inputs.append(b)
 
     n_p, n_b = len(sig_params), len(sig_buffers)
+    # clip_grad_norm_(model.parameters()) takes the gradients in the model's parameter order
+    clip_order = [n for n, _ in named_params if n in param_groups]
     param_at = {n: i for i, n in enumerate(sig_params)}
     buffer_at = {b: i for i, b in enumerate(sig_buffers)}
     # traced with odd stand-in hyperparameters, so that the kernel arguments derived from
@@ -354,6 +368,9 @@ def capture(
         loss = by_name[loss_name]
         new_buffers = {mutated[o]: by_name[o] for o in out_names if o in mutated}
         grads = {n: by_name[parts[0]] for n, parts in grad_parts.items()}
+        if clip is not None:  # (eager's .grad after the clip is what the optimizer reads)
+            grads = dict(zip(clip_order, clip.apply([grads[n] for n in clip_order],
+                                                    [params[param_at[n]] for n in clip_order])))
         new_params, new_states = [], []
         for n in trainable:
             gi = param_groups[n]
@@ -395,6 +412,7 @@ def capture(
     grad_nodes = {n: flat_out[cursor + i] for i, n in enumerate(trainable)}
     out_node.args = (tuple(out_key_nodes.values()),)
     gm.graph.eliminate_dead_code()
+    train_rnn_layers(gm)
     hyper_nodes = _bind_hyperparameters(gm, traced, lowering, {param_groups[n] for n in trainable})
     gm.recompile()
 
@@ -606,11 +624,16 @@ def _build(gm, input_keys, out_key_nodes, grad_nodes, lowering, param_groups, si
                     if not isinstance(v, torch.Tensor):
                         continue
                     g = getitems.get(i)
-                    tid = new_tensor(v, g.name if g is not None else f"{node.name}[{i}]", None, k)
-                    outs.append((tid, i))
+                    same = [j for j in range(i) if isinstance(val[j], torch.Tensor)
+                            and _storage_key(val[j]) == _storage_key(v)]
+                    if same:  # one tensor returned twice (mkldnn_rnn_layer_backward's bias gradient)
+                        tid = next(t for t, j in outs if j == same[0])
+                    else:
+                        tid = new_tensor(v, g.name if g is not None else f"{node.name}[{i}]", None, k)
+                        outs.append((tid, i))
                     if g is not None:
                         node_tensor[g] = tid
-                        base_node[tid] = g
+                        base_node.setdefault(tid, g)
             kernel_outputs.append(outs)
 
     n_k = len(kernel_nodes)
