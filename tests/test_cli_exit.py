@@ -14,9 +14,9 @@ import pytest
 # mismatch cannot be ordered; `run --verify` leaves through the same typer.Exit(1))
 MISMATCH = textwrap.dedent("""
     import sys
-    import autotm.demo
+    import autotm.experiments.demo
     from autotm.cli import main
-    autotm.demo.run_demo = lambda *a, **k: False
+    autotm.experiments.demo.run_demo = lambda *a, **k: False
     sys.argv = ["autotm", *sys.argv[1:]]
     main()
 """)

@@ -119,3 +119,23 @@ def test_every_error_class_is_an_autotm_error_in_errors_py():
     assert not elsewhere, elsewhere
     classes = [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, Exception)]
     assert len(classes) > 10 and all(issubclass(c, errors.AutotmError) for c in classes)
+
+
+def test_every_autotm_import_names_a_module_that_exists():
+    # a deferred import runs only when its function does: a wrong path there (after a move)
+    # would pass every test that does not reach it
+    known = {module for module, _ in _modules()}
+    wrong = []
+    for module, path in _modules():
+        tree = ast.parse(path.read_text(), str(path))
+        froms = {n.lineno: n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        for line, target in _imports(module, path):
+            if not target.startswith("autotm") or target in known:
+                continue
+            node = froms.get(line)
+            # `from .x import name`: the name may be an attribute of x, not a module
+            if node is not None and target.rsplit(".", 1)[0] in known and target.rsplit(".", 1)[1] in {
+                    a.name for a in node.names}:
+                continue
+            wrong.append(f"{path.relative_to(PACKAGE)}:{line}: no module {target}")
+    assert not wrong, "\n".join(wrong)

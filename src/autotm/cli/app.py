@@ -143,7 +143,7 @@ def _prepare(model, preset, batch, image, memory, cache, budget=None, formulatio
             check_before_profile(graph, budget, formulation, _access(memory))
 
     if not memory.startswith("sim:"):
-        from .tiers import make_memory_system
+        from ..tiers import make_memory_system
 
         make_memory_system(memory).close()  # (it exists, its slow directory is writable: before the capture)
     with console.status(f"capturing and profiling {w.name} on {memory} ...", spinner="dots"):
