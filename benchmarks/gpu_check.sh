@@ -3,7 +3,7 @@
 # (e.g. one H200, 16 cores, torch 2.11 on Python 3.12 already installed), in under 6 minutes:
 #   1. install what Python cannot import from shared/wheels (benchmarks/gpu_wheels.sh
 #      fetches them where the network is), into a private folder, without the network;
-#   2. tests/test_cuda.py;
+#   2. tests/runtime/test_cuda.py;
 #   3. benchmarks/gpu_check.py: capture, profile and run gpu-preset workloads on cuda+host
 #      at 2 budgets with synchronous, asynchronous, lru, save_on_cpu and all-fast, each
 #      checked against eager PyTorch on the GPU; a table and Figure 12.
@@ -67,8 +67,8 @@ EOF
 cat "$OUT/env.txt"
 
 # ---- 2. the CUDA tests
-echo "== tests/test_cuda.py (t=$(elapsed) s)"
-timeout 150 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py > "$OUT/pytest.log" 2>&1
+echo "== tests/runtime/test_cuda.py (t=$(elapsed) s)"
+timeout 150 "$PY" -m pytest -q -rs -p no:cacheprovider tests/runtime/test_cuda.py > "$OUT/pytest.log" 2>&1
 echo "pytest exit $? (124: timed out)" >> "$OUT/pytest.log"
 tail -25 "$OUT/pytest.log"
 

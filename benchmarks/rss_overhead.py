@@ -11,7 +11,7 @@ Each case runs in a fresh subprocess:
 3. train a few iterations while a thread samples the RSS every 2 ms: **peak RSS**.
 
 overhead = peak RSS - budget: the DRAM the process holds beyond what the plan accounts
-for. The claim checked by tests/test_rss.py is
+for. The claim checked by tests/runtime/test_rss.py is
 
     peak RSS <= budget + baseline RSS + SLACK_BYTES
 
@@ -37,7 +37,7 @@ import gc
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # (_child, also when tests/test_rss.py loads this file)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # (_child, also when tests/runtime/test_rss.py loads this file)
 from _child import emit, run_child  # noqa: E402
 
 SLACK_BYTES = 160 << 20

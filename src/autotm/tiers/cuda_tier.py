@@ -33,7 +33,7 @@ Never uses CUDA managed (unified) memory. Without a GPU, building the system rai
 TierError; the pool and its bookkeeping are plain Python and are tested on the CPU.
 
 Untested on a GPU when written: the CUDA paths were written against the documented torch
-API (torch >= 2.4) on a machine without one; ``tests/test_cuda.py`` and
+API (torch >= 2.4) on a machine without one; ``tests/runtime/test_cuda.py`` and
 ``benchmarks/gpu_check.sh`` exercise them where a GPU is present.
 """
 

@@ -1,7 +1,7 @@
 """The planner: the ILP against hand-solved optima, baselines, budgets, and properties on random graphs.
 
 Plans are made with arena=False: these tests compare formulations at one budget, and the
-arena's re-solves (tests/test_arena.py) would lower it.
+arena's re-solves (tests/planner/test_arena.py) would lower it.
 """
 
 import numpy as np

@@ -302,7 +302,8 @@ def test_checkpoint_survives_sigkill_and_resumes_eagers_trajectory(tmp_path):
     ckpt = tmp_path / "ckpt.pt"
     script = tmp_path / "child.py"
     script.write_text(CHECKPOINTING_CHILD)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__)] + sys.path))
+    # tests/, where its helpers are
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(__file__))] + sys.path))
     p = subprocess.Popen([sys.executable, str(script), str(ckpt)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env=env)
     try:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "rss_overhead.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "rss_overhead.py"
 
 
 @pytest.fixture(scope="module")
