@@ -25,6 +25,7 @@ from autotm.ir.plan import all_fast_plan, evict_all_activations_plan
 from autotm.profile.environment import environment
 from autotm.profile.moves import MOVE_PHASES, _fit_move, _isotonic, _matmul_seconds, _move_cost, _while_computing, \
     move_rounds
+from autotm.profile.pace import PaceWarning
 from autotm.profile.profiler import profile
 from autotm.profile.roofline import cost_model_from_spec, load_spec, spec_names
 from autotm.profile.timing import MIN_BATCH_S, time_call
@@ -246,22 +247,32 @@ def test_wake_costs_are_kept_per_signature_for_every_graph(tiny, memory, tmp_pat
     assert cm2.wake_seconds == cm.wake_seconds
 
 
-def test_the_executors_overhead_is_measured_once_and_added_to_every_move(tiny, memory, tmp_path):
+@pytest.fixture(scope="module")
+def overhead_profiles(tiny, memory, tmp_path_factory):
+    """tiny profiled into a fresh cache without the executor's overheads, then with them
+    but without the calibration at hand, then with it (measuring them)."""
     g, inputs = tiny
-    path = tmp_path / "c.sqlite"
+    path = tmp_path_factory.mktemp("overhead") / "c.sqlite"
     bare = profile(g, memory, path, inputs=inputs, executor_overhead=False, **SMALL_MOVES)
-    assert bare.executor_overhead == {}
-    # without the calibration (the runtime's, passed in), an uncached overhead is left out
     unmeasured = profile(g, memory, path, inputs=inputs, **SMALL_MOVES)
-    assert unmeasured.executor_overhead == {} and unmeasured == bare
     cm, st = profile(g, memory, path, inputs=inputs, return_stats=True, measure_overhead=measure_executor_overhead,
                      **SMALL_MOVES)
+    return SimpleNamespace(path=path, bare=bare, unmeasured=unmeasured, cm=cm, st=st)
+
+
+def test_the_executors_overhead_is_measured_once_and_added_to_every_move(tiny, memory, overhead_profiles):
+    g, inputs = tiny
+    path, bare, cm, st = overhead_profiles.path, overhead_profiles.bare, overhead_profiles.cm, overhead_profiles.st
+    assert bare.executor_overhead == {}
+    # without the calibration (the runtime's, passed in), an uncached overhead is left out
+    unmeasured = overhead_profiles.unmeasured
+    assert unmeasured.executor_overhead == {} and unmeasured == bare
     assert st.overhead_measured and not st.nothing_new and "executor's overheads" in st.message()
     o = cm.executor_overhead
     assert set(o) == {"kernel_s", "sync_move_s", "async_move_s"} and o["async_move_s"] == o["sync_move_s"]
-    # a sync move's work in the executor outside the tier's call and the kernels (freeing
-    # its slow copy when the tensor dies, RSS checks with an arena): tens of us, never nothing
-    assert 0 < o["sync_move_s"] < 1e-3 and 0 <= o["kernel_s"] < 1e-4
+    # measured differences of medians, kept at 0 or more (on a loaded machine they can be
+    # 0: their size is test_the_executors_overhead_is_tens_of_microseconds_a_sync_move's)
+    assert o["sync_move_s"] >= 0 and o["kernel_s"] >= 0
     assert cm.kernel_seconds == pytest.approx([s + o["kernel_s"] for s in bare.kernel_seconds], rel=1e-12)
     for d in ("to_slow", "to_fast"):
         for n in (4096, 200_000, 1 << 20, 8 << 20):
@@ -283,6 +294,14 @@ def test_the_executors_overhead_is_measured_once_and_added_to_every_move(tiny, m
     _, st3 = profile(g, memory, path, inputs=inputs, return_stats=True, recache=True,
                      measure_overhead=measure_executor_overhead, **SMALL_MOVES)
     assert st3.overhead_measured
+
+
+@pytest.mark.timing
+def test_the_executors_overhead_is_tens_of_microseconds_a_sync_move(overhead_profiles):
+    # a sync move's work in the executor outside the tier's call and the kernels (freeing
+    # its slow copy when the tensor dies, RSS checks with an arena): tens of us, never nothing
+    o = overhead_profiles.cm.executor_overhead
+    assert 0 < o["sync_move_s"] < 1e-3 and 0 <= o["kernel_s"] < 1e-4
 
 
 class ManyViews(nn.Module):
@@ -360,19 +379,31 @@ def test_building_operands_is_timed_between_kernels_by_the_profiler_and_the_exec
     assert outside > build / 2
 
 
-def test_direct_access_repeats_time_the_call_alone(many_views, tmp_path):
-    # a placement's time is the in-situ call scaled by (repeated placement / repeated
-    # all-fast): repeats that held the operands' building too would dilute the slowdown
+@pytest.fixture(scope="module")
+def stack_repeats(many_views, tmp_path_factory):
+    """ManyViews profiled on cpu+mmap (direct access): the stack kernel's repeated timings
+    in the cache, by placement key."""
     mv = many_views
+    path = tmp_path_factory.mktemp("repeats") / "c.sqlite"
     with make_memory_system("cpu+mmap") as ms:
-        profile(mv.g, ms, tmp_path / "c.sqlite", inputs=mv.state.inputs(mv.batch), executor_overhead=False,
-                **SMALL_MOVES)
-        with ProfileCache(tmp_path / "c.sqlite") as db:
+        profile(mv.g, ms, path, inputs=mv.state.inputs(mv.batch), executor_overhead=False, **SMALL_MOVES)
+        with ProfileCache(path) as db:
             times = db.kernel_times(db.environment(environment("cpu+mmap", None, ms.async_engine)))
     sig = mv.g.kernels[mv.k].signature
-    repeated = {key: t for (s, key), t in times.items() if s == sig and key.startswith("batch:")}
+    return {key: t for (s, key), t in times.items() if s == sig and key.startswith("batch:")}
+
+
+def test_direct_access_repeats_every_placement_of_a_kernel(stack_repeats):
+    repeated = stack_repeats
     assert "batch:fast" in repeated and len(repeated) == 4  # all-fast and 3 placements of 2 operands
-    assert all(t < mv.build / 3 for t in repeated.values()), (repeated, mv.build)
+    assert all(t > 0 for t in repeated.values())
+
+
+@pytest.mark.timing
+def test_direct_access_repeats_time_the_call_alone(many_views, stack_repeats):
+    # a placement's time is the in-situ call scaled by (repeated placement / repeated
+    # all-fast): repeats that held the operands' building too would dilute the slowdown
+    assert all(t < many_views.build / 3 for t in stack_repeats.values()), (stack_repeats, many_views.build)
 
 
 def test_move_rounds_are_spread_over_the_profile(tiny, memory, tmp_path):
@@ -488,6 +519,9 @@ def test_corrupt_cache_file_warns_and_is_rebuilt(tiny, memory, tmp_path):
     assert list(tmp_path.glob("c.sqlite.broken-*"))  # the bad file is kept aside
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the rebuilt file is fine
+        # (a change of the machine's load between the two profiles is not the file's fault:
+        # test_a_cache_filled_on_a_loaded_machine_warns_when_reused is about that warning)
+        warnings.simplefilter("ignore", PaceWarning)
         _, st2 = profile(g, memory, path, inputs=inputs, return_stats=True, **SMALL_MOVES)
     assert st2.nothing_new
 
@@ -677,7 +711,7 @@ def _busy(seconds: float) -> list[subprocess.Popen]:
 
 @pytest.mark.timing
 def test_a_cache_filled_on_a_loaded_machine_warns_when_reused(tiny, memory, tmp_path):
-    from autotm.profile.pace import PACE_VALUE, PaceWarning, pace_probe_seconds
+    from autotm.profile.pace import PACE_VALUE, pace_probe_seconds
 
     g, inputs = tiny
     path = tmp_path / "c.sqlite"

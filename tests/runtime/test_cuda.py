@@ -262,6 +262,15 @@ def test_async_copies_are_ordered_with_the_compute_stream(gpu):
 
 
 @needs_cuda
+def test_cuda_host_declares_device_timed_moves(gpu):
+    # the profiler reads the flag (no host move fits, no executor overhead), never the method
+    from autotm.tiers import Capabilities
+
+    assert gpu.capabilities == Capabilities(device_timed_moves=True) and gpu.async_engine is None
+    assert hasattr(gpu, "move_seconds") and not hasattr(gpu, "read_span") and not gpu.idle_sync_moves
+
+
+@needs_cuda
 def test_move_timing_with_events(gpu):
     got = gpu.move_seconds(torch.zeros(4 * MiB, dtype=torch.uint8))
     assert set(got) == {(d, m) for d in ("to_slow", "to_fast") for m in ("sync", "async")}

@@ -650,6 +650,14 @@ def test_capabilities_are_declared_and_say_which_methods_a_system_has(tmp_path):
         assert ms.async_engine is None and ms.cached_fast_bytes() == 0
         ms.release_cached()
         assert not hasattr(ms, "read_span") and getattr(ms, "move_seconds", None) is None
+    # the flags behind read_span and move_seconds say exactly which systems define them (the
+    # profiler reads the flags): read_span only cpu+file, move_seconds only cuda+host
+    from autotm.tiers.cuda_tier import CudaHostMemorySystem
+
+    systems = (FileMemorySystem, MmapMemorySystem, NumaMemorySystem, CudaHostMemorySystem)
+    assert [c for c in systems if hasattr(c, "read_span")] == [FileMemorySystem]
+    assert [c for c in systems if hasattr(c, "move_seconds")] == [CudaHostMemorySystem]
+    assert [c for c in systems if c.idle_sync_moves] == [FileMemorySystem]
 
 
 # --------------------------------------------------------------- numa and factory

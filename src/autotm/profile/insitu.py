@@ -48,10 +48,6 @@ from ..tiers import cpu_arena
 from .timing import time_call
 
 
-class _Enough(Exception):
-    pass
-
-
 def _cuda_mark():
     """A CUDA event recorded now on the current stream, with timing."""
     ev = torch.cuda.Event(enable_timing=True)
@@ -87,7 +83,7 @@ class ProfilingReplay(Replay):
     def __init__(self, graph: TrainingGraph, memory, batch_jobs: dict[int, list[tuple]], record: Callable,
                  need: set[str], samples: dict[str, list[list[float]]],
                  record_workspace: Callable[[str, int], None] | None = None):
-        super().__init__(graph, device=getattr(memory, "fast_device", None))
+        super().__init__(graph, device=memory.fast_device)
         self.record_workspace = record_workspace
         self.cuda = self.device is not None and self.device.type == "cuda"
         self.memory = memory
@@ -177,10 +173,15 @@ class ProfilingReplay(Replay):
         self.position_samples[closed][-1] += time.perf_counter() - t0
         return out
 
+    def stop(self, k: int) -> bool:
+        return k > self.last_needed  # nothing from here on needs timing: end the iteration
+
+    def stopped(self, k: int) -> dict[int, torch.Tensor]:
+        self._close()  # the position before k ends here, as before_kernel(k) would end it
+        return super().stopped(k)
+
     def before_kernel(self, k: int) -> None:
         self._close()
-        if k > self.last_needed:
-            raise _Enough  # nothing after this kernel needs timing: stop the replay here
 
     def run(self, inputs, keep=()):
         """One iteration, up to the last kernel that still needs timing."""
@@ -191,9 +192,6 @@ class ProfilingReplay(Replay):
         self._open = None
         try:
             return super().run(inputs, keep)
-        except _Enough:
-            self.env.clear()
-            return {}
         finally:
             self._close()
             if self.cuda:

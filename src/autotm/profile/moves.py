@@ -92,7 +92,7 @@ def _while_computing(start, a: torch.Tensor, mm_alone: float):
         n += 1
     results = [p.wait() for p in pendings]
     t_end = time.perf_counter()
-    stamps = [getattr(p, "finished_at", None) for p in pendings]
+    stamps = [p.finished_at for p in pendings]
     end = t_end if None in stamps else max(stamps)
     result = results if isinstance(started, list) else results[0]
     if end >= t_poll:
@@ -177,7 +177,7 @@ def _read_destination(memory, h, slots: _MoveSlots | None = None, region: int = 
     (tiers/cpu_arena.py): its slot, touched (on huge pages from 2 MiB). A tier buffer of
     64 MiB is a fresh mapping each time, and faulting its pages in doubled the measured
     time of the largest reads. None where the tier reads only into its own buffers."""
-    if not hasattr(memory, "read_span"):
+    if not memory.capabilities.read_into:
         return None
     length, pad = memory.read_span(h)
     if pad:
@@ -221,11 +221,11 @@ def move_rounds(sizes, repeats: int) -> list[tuple[int, int]]:
 def move_keys(memory) -> list[tuple[str, str]]:
     """The (direction, mode) samples each move round takes on `memory`."""
     # a GPU system times its own moves with CUDA events (the host clock sees launches only)
-    device_timed = getattr(memory, "move_seconds", None)
-    modes = MOVE_MODES if device_timed is not None else MOVE_MODES + (HOST, SLOWDOWN)
+    device_timed = memory.capabilities.device_timed_moves
+    modes = MOVE_MODES if device_timed else MOVE_MODES + (HOST, SLOWDOWN)
     # copies issued together overlap only where the tier queues them together (AIO; an I/O
     # thread runs them one after another: CostModel.async_overlap)
-    if device_timed is None and getattr(memory, "async_engine", None) == "aio":
+    if not device_timed and memory.capabilities.async_engine == "aio":
         modes += (PAIR,)
     return [(d, m) for d in DIRECTIONS for m in modes]
 
@@ -249,7 +249,7 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
     have = cache.move_samples(env)
     if recache:
         have = {} if phases is None else {key: v for key, v in have.items() if key[3] % MOVE_PHASES not in phases}
-    device_timed = getattr(memory, "move_seconds", None)
+    device_timed = memory.capabilities.device_timed_moves
     keys = move_keys(memory)
     modes = {m for _, m in keys}
     pairs = PAIR in modes
@@ -265,7 +265,7 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
     load = torch.randn(192, 192)  # computed in blocks of LOAD_ROWS rows while a move is in flight
 
     # (the executor's layout: moves of LARGE_BLOCK_BYTES or more from and into arena slots)
-    slots = _MoveSlots(max(sizes)) if device_timed is None and missing and cpu_arena.load() is not None else None
+    slots = _MoveSlots(max(sizes)) if not device_timed and missing and cpu_arena.load() is not None else None
 
     def sample(n: int, region: int = 0, like: torch.Tensor | None = None) -> torch.Tensor:
         """The n bytes a move is timed with (random, or a copy of `like`): from 64 KiB, in an
@@ -276,13 +276,13 @@ def measure_moves(memory, cache: ProfileCache, env: str, *, sizes=MOVE_SIZES, re
             slot = slots.take(region, n)
             if slot is not None:
                 return slot.copy_(src)
-        if device_timed is None and n >= cpu_arena.HUGE_PAGE:
+        if not device_timed and n >= cpu_arena.HUGE_PAGE:
             return cpu_arena.arena_like(n).copy_(src)
         return src if like is None else src.clone()
 
     def seconds(n: int, mm_alone: float) -> dict:
-        if device_timed is not None:
-            return device_timed(sample(n))
+        if device_timed:
+            return memory.move_seconds(sample(n))
         t = sample(n)
         return _host_move_seconds(memory, t, load, mm_alone, slots, sample(n, 2, like=t) if pairs else None)
 

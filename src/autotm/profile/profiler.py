@@ -134,8 +134,8 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
     try:
         stats = ProfileStats(total_kernels=len(graph.kernels), cache_path=str(db.path),
                              cache_rebuilt=db.rebuilt_reason, unique_kernels=graph.unique_signatures)
-        device = getattr(memory, "fast_device", None)
-        envd = environment(memory.name, device, getattr(memory, "async_engine", None))
+        device = memory.fast_device
+        envd = environment(memory.name, device, memory.capabilities.async_engine)
         env = db.environment(envd)
         have = {} if recache else db.kernel_times(env)  # recache: measure again, replace the rows
         pending = {} if recache else db.pending(env)
@@ -167,7 +167,7 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
                     batch_jobs.setdefault(k, []).append((p, key))
         rounds = move_rounds(move_sizes, move_repeats)
         n_move = len(rounds)
-        wake_on = getattr(memory, "idle_sync_moves", False) and wake_rounds > 0
+        wake_on = memory.idle_sync_moves and wake_rounds > 0
         # a kernel's wake excess is its signature's: a graph whose signatures are all known
         # (from any graph profiled in this environment) runs no wake iterations
         wake_known = {} if recache or not wake_on else db.wake_excess(env)
@@ -175,8 +175,7 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
         wake_samples, wake_done = cached_wake_samples(graph, db, env, recache) if wake_on else ({}, 0)
         n_wake = max(0, 3 * wake_rounds - wake_done) if wake_on else 0
         # the executor's own time (autotm.runtime.overhead): host-timed systems, where it is serial with kernels
-        overhead_on = executor_overhead and getattr(memory, "move_seconds", None) is None and (
-            device is None or torch.device(device).type == "cpu")
+        overhead_on = executor_overhead and not memory.capabilities.device_timed_moves and device.type == "cpu"
         overhead = None if recache or not overhead_on else cached_overhead(db, env)
         measure_on = overhead_on and overhead is None and measure_overhead is not None
         if not measure:
@@ -188,8 +187,7 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
         # the machine's pace now against when the cached timings were taken (autotm.pace);
         # a GPU's kernels do not slow with the host's load this probe sees
         t_part = time.perf_counter()
-        pace = None if device is not None and torch.device(device).type == "cuda" else probe_pace(
-            db, env, recache=recache)
+        pace = None if device.type == "cuda" else probe_pace(db, env, recache=recache)
         stats.add_seconds("pace", time.perf_counter() - t_part)
         total = (len(need) + sum(len(v) for v in batch_jobs.values()) + n_move + n_wake
                  + int(measure_on))
@@ -230,7 +228,7 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
         if need or batch_jobs or pos_missing:
             if inputs is None:
                 inputs = synthetic_inputs(graph)
-            if device is not None and device.type != "cpu":  # kernels run where the fast tier is
+            if device.type != "cpu":  # kernels run where the fast tier is
                 inputs = {tid: v.to(device) for tid, v in inputs.items()}
             samples = {sig: list(pending[sig][0]) for sig in need if sig in pending}
             iters = {sig: pending[sig][1] for sig in need if sig in pending}
@@ -238,7 +236,7 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
                 db.put_workspace(env, sig, nbytes)
                 workspace[sig] = nbytes
 
-            on_cpu = device is None or device.type == "cpu"
+            on_cpu = device.type == "cpu"
             interp = ProfilingReplay(graph, memory, batch_jobs, record, need, samples,
                                      record_workspace if on_cpu and cpu_arena.load() is not None else None)
             if not pos_missing:
@@ -347,7 +345,7 @@ def _profile_real(graph, memory, cache, *, inputs, recache, progress, move_sizes
                        kernel_seconds=kernel_seconds, placement_seconds=placement_seconds, moves=moves,
                        simulated=False, environment=envd,
                        # Linux AIO keeps a kernel's copies in flight together
-                       async_overlap=getattr(memory, "async_engine", None) == "aio",
+                       async_overlap=memory.capabilities.async_engine == "aio",
                        workspace_bytes=tuple(workspace.get(k.signature, 0) for k in graph.kernels)
                        if workspace else (),
                        copy_interference=slowdown, wake_seconds=wake,

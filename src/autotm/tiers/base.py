@@ -314,8 +314,8 @@ class Capabilities:
         device_timed_moves: ``move_seconds(t)`` measures the moves on the device itself
             (cuda+host); the profiler then needs no move fits of its own.
 
-    ``read_span`` and ``move_seconds`` are defined only by the systems that have them (the
-    profiler still tells them apart by the method's presence).
+    ``read_span`` and ``move_seconds`` are defined only by the systems whose capability
+    says so (read_into, device_timed_moves): callers read the flag, never probe the method.
     """
 
     read_into: bool = False
@@ -450,7 +450,7 @@ class MemorySystem(ABC):
         """How asynchronous moves run (Capabilities.async_engine)."""
         return self.capabilities.async_engine
 
-    if TYPE_CHECKING:  # defined only where the capability is: the profiler probes for them
+    if TYPE_CHECKING:  # defined only where the capability is (read_into, device_timed_moves)
         def read_span(self, h: SlowHandle) -> tuple[int, int]:
             """(bytes a read of `h` writes, offset of the tensor's bytes in them): Capabilities.read_into."""
 
