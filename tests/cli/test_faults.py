@@ -211,3 +211,17 @@ def test_killed_at_a_random_point_then_rerun(home, command, sig, tmp_path):
             store.unlink()
     interrupt(argv, home, sig, delay, what, python_exit=command == "train")
     complete(argv, home, what + ", rerun")
+
+
+def test_a_slow_directory_abandoned_before_it_was_locked_is_removed(tmp_path):
+    # a kill between making the directory and locking it (microseconds) leaves it under its
+    # temporary name: removed once it is old enough that no maker can still be at work on it
+    from autotm.tiers.file_tier import ABANDONED_NEW_SECONDS, remove_orphaned_dirs
+
+    old, fresh = tmp_path / ".autotm-file-new-old", tmp_path / ".autotm-file-new-fresh"
+    old.mkdir(mode=0o700)
+    fresh.mkdir(mode=0o700)
+    then = time.time() - 2 * ABANDONED_NEW_SECONDS
+    os.utime(old, (then, then))
+    assert remove_orphaned_dirs(str(tmp_path)) == [str(old)]
+    assert sorted(os.listdir(tmp_path)) == [fresh.name]

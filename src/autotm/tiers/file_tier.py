@@ -53,6 +53,7 @@ import os
 import shutil
 import stat
 import threading
+import time
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -344,7 +345,10 @@ def _page_span(ptr: int, nbytes: int) -> tuple[ctypes.Array, int]:
 
 
 DIR_PREFIX = "autotm-file-"
-_NEW_PREFIX = ".autotm-file-new-"  # (made, not yet locked and renamed: never another's to remove)
+_NEW_PREFIX = ".autotm-file-new-"  # (made, not yet locked and renamed: another's to remove only once abandoned)
+ABANDONED_NEW_SECONDS = 60.0
+"""A `.autotm-file-new-*` directory this old is one whose maker died between making and
+locking it (a window of microseconds): the next start removes it."""
 
 
 def _owned_private_dir(base: str | None, resources) -> str:
@@ -370,7 +374,8 @@ def _owned_private_dir(base: str | None, resources) -> str:
 
 def remove_orphaned_dirs(base: str) -> list[str]:
     """Remove this user's `autotm-file-*` directories under `base` whose owning process is
-    gone (no process holds their lock); return their paths. Live ones are left alone."""
+    gone (no process holds their lock), and `.autotm-file-new-*` ones abandoned before they
+    were locked; return their paths. Live ones are left alone."""
     import fcntl
 
     removed = []
@@ -379,13 +384,16 @@ def remove_orphaned_dirs(base: str) -> list[str]:
     except OSError:
         return removed
     for name in names:
-        if not name.startswith(DIR_PREFIX):
+        new = name.startswith(_NEW_PREFIX)
+        if not (new or name.startswith(DIR_PREFIX)):
             continue
         path = os.path.join(base, name)
         try:
             st = os.lstat(path)
             if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
                 continue
+            if new and time.time() - st.st_mtime < ABANDONED_NEW_SECONDS:
+                continue  # (its maker may be about to lock and rename it)
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         except OSError:
             continue
