@@ -114,6 +114,7 @@ def interrupt(argv, home, sig, delay, what, python_exit=False):
     finally:
         stop(p)
     rc = p.returncode
+    print(f"{what}: rc {rc}")  # (with -s: where each point fell)
     if sig == signal.SIGKILL:
         assert rc in (-signal.SIGKILL, 0), f"{what}: rc {rc}\n{err[-3000:]}"
     elif python_exit:  # a plain script: Python dies of the SIGINT once its handlers ran
