@@ -274,7 +274,7 @@ def test_the_demo_runs_where_4_to_1_is_infeasible(tmp_path, monkeypatch):
     at the fallback budget, bit-identical to eager PyTorch."""
     from rich.console import Console
 
-    import autotm.profile.profiler as profile_module  # (where the demo takes profile from)
+    import autotm.profile as profile_module  # (where the demo takes profile from)
     from autotm.experiments.demo import run_demo
 
     real = profile_module.profile
