@@ -709,6 +709,24 @@ def _busy(seconds: float) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(2 * (os.cpu_count() or 1))]
 
 
+def test_a_cache_whose_pace_differs_far_from_now_warns_when_reused(tiny, memory, tmp_path):
+    # the functional half of the test below, at any load: the cached pace is set 1,000x
+    # slower (then faster) than the one measured, beyond what any load here makes of it
+    from autotm.profile.pace import PACE_VALUE
+
+    g, inputs = tiny
+    path = tmp_path / "c.sqlite"
+    _, st = profile(g, memory, path, inputs=inputs, return_stats=True, executor_overhead=False, **SMALL_MOVES)
+    env_key = environment("cpu+file", None, memory.async_engine)
+    for factor, word in ((1000.0, "slower"), (1 / 1000.0, "faster")):
+        with ProfileCache(path) as db:
+            db.put_value(db.environment(env_key), PACE_VALUE, st.pace.now_s * factor)
+        with pytest.warns(PaceWarning, match=f"{word} than now.*--recache"):
+            _, again = profile(g, memory, path, inputs=inputs, return_stats=True, executor_overhead=False,
+                               **SMALL_MOVES)
+        assert again.nothing_new and again.pace.mismatched, (factor, again.pace)
+
+
 @pytest.mark.timing
 def test_a_cache_filled_on_a_loaded_machine_warns_when_reused(tiny, memory, tmp_path):
     from autotm.profile.pace import PACE_VALUE, pace_probe_seconds
