@@ -217,7 +217,7 @@ def test_killed_at_a_random_point_then_rerun(home, command, sig, tmp_path):
 def test_a_slow_directory_abandoned_before_it_was_locked_is_removed(tmp_path):
     # a kill between making the directory and locking it (microseconds) leaves it under its
     # temporary name: removed once it is old enough that no maker can still be at work on it
-    from autotm.tiers.file_tier import ABANDONED_NEW_SECONDS, remove_orphaned_dirs
+    from autotm.tiers.slow_dirs import ABANDONED_NEW_SECONDS, remove_orphaned_dirs
 
     old, fresh = tmp_path / ".autotm-file-new-old", tmp_path / ".autotm-file-new-fresh"
     old.mkdir(mode=0o700)

@@ -50,10 +50,7 @@ import ctypes
 import errno
 import mmap
 import os
-import shutil
-import stat
 import threading
-import time
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -61,6 +58,7 @@ from dataclasses import dataclass
 import torch
 
 from autotm.tiers import linux_aio
+from autotm.tiers.slow_dirs import ABANDONED_NEW_SECONDS, DIR_PREFIX, owned_private_dir, remove_orphaned_dirs  # noqa: F401  (re-exported)
 from autotm.tiers.base import (
     PAGE,
     Capabilities,
@@ -70,7 +68,6 @@ from autotm.tiers.base import (
     TensorLayout,
     TierError,
     default_slow_base_dir,
-    make_private_dir,
     round_up,
     tensor_on_bytes,
 )
@@ -344,72 +341,6 @@ def _page_span(ptr: int, nbytes: int) -> tuple[ctypes.Array, int]:
     return (ctypes.c_char * length).from_address(ptr - pad), pad
 
 
-DIR_PREFIX = "autotm-file-"
-_NEW_PREFIX = ".autotm-file-new-"  # (made, not yet locked and renamed: another's to remove only once abandoned)
-ABANDONED_NEW_SECONDS = 60.0
-"""A `.autotm-file-new-*` directory this old is one whose maker died between making and
-locking it (a window of microseconds): the next start removes it."""
-
-
-def _owned_private_dir(base: str | None, resources) -> str:
-    """A private directory `autotm-file-*` under `base`, locked (flock on the directory)
-    while this process uses it: when the process dies, even by SIGKILL, the kernel drops the
-    lock, and the next start removes the directory (remove_orphaned_dirs). It is created
-    under another name and renamed once locked, so no one sees it unlocked."""
-    import fcntl
-
-    made = make_private_dir(base, _NEW_PREFIX, resources)
-    fd = os.open(made, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        path = os.path.join(os.path.dirname(made), DIR_PREFIX + os.path.basename(made)[len(_NEW_PREFIX):])
-        os.rename(made, path)
-    except BaseException:
-        os.close(fd)
-        raise
-    resources.add(lambda: os.close(fd))  # (released last: the directory goes first)
-    resources.add(lambda: shutil.rmtree(path, ignore_errors=True))
-    return path
-
-
-def remove_orphaned_dirs(base: str) -> list[str]:
-    """Remove this user's `autotm-file-*` directories under `base` whose owning process is
-    gone (no process holds their lock), and `.autotm-file-new-*` ones abandoned before they
-    were locked; return their paths. Live ones are left alone."""
-    import fcntl
-
-    removed = []
-    try:
-        names = os.listdir(base)
-    except OSError:
-        return removed
-    for name in names:
-        new = name.startswith(_NEW_PREFIX)
-        if not (new or name.startswith(DIR_PREFIX)):
-            continue
-        path = os.path.join(base, name)
-        try:
-            st = os.lstat(path)
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-                continue
-            if new and time.time() - st.st_mtime < ABANDONED_NEW_SECONDS:
-                continue  # (its maker may be about to lock and rename it)
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # held: its process is alive
-            os.close(fd)
-            continue
-        try:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-        finally:
-            os.close(fd)
-    return removed
-
-
 class FileMemorySystem(MemorySystem):
     """DRAM + an arena file on local storage moved with direct I/O (``cpu+file``).
 
@@ -439,7 +370,7 @@ class FileMemorySystem(MemorySystem):
         base = default_slow_base_dir() if slow_dir is None else os.fspath(slow_dir)
         if os.path.isdir(base):
             remove_orphaned_dirs(base)
-        self.directory = _owned_private_dir(slow_dir, self._resources)
+        self.directory = owned_private_dir(slow_dir, self._resources)
         try:
             self._fd, self._direct = _open_arena(self.directory, direct_io)
         except BaseException:
