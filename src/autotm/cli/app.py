@@ -343,10 +343,24 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
 _python_show_warning = warnings.showwarning
 
 
+def _remove_dead_processes_slow_dirs() -> None:
+    """Every start removes the slow directories of autotm processes that died (a SIGKILL
+    leaves its directory behind), not only a start that opens the file tier: a rerun that
+    finds its work done would otherwise leave them."""
+    from ..tiers.base import default_slow_base_dir
+    from ..tiers.slow_dirs import remove_orphaned_dirs
+
+    try:
+        remove_orphaned_dirs(default_slow_base_dir())
+    except OSError:  # (a base directory that cannot be read: the tier says why when it is used)
+        pass
+
+
 def main() -> None:
     from ..errors import AutotmError
 
     warnings.showwarning = _show_warning
+    _remove_dead_processes_slow_dirs()
     try:
         # (without standalone mode click returns a typer.Exit's code instead of exiting)
         code = app(standalone_mode=False)
