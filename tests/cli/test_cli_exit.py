@@ -47,7 +47,7 @@ def test_ctrl_c_exits_130_with_one_line():
     out, err = p.communicate(timeout=120)
     assert p.returncode == 130, err
     assert "interrupted (Ctrl-C)" in err
-    assert "Traceback" not in err
+    assert "Traceback (most recent call last)" not in err  # (torch's anomaly-mode warning may name the forward call)
 
 
 HOLDER = textwrap.dedent("""

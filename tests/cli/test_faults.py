@@ -124,7 +124,7 @@ def interrupt(argv, home, sig, delay, what, python_exit=False):
         # (while Python imported it: a shell reads both as 130)
         assert rc in (130, -signal.SIGINT, 0), f"{what}: rc {rc}\n{err[-3000:]}"
         if rc == 130:
-            assert "interrupted (Ctrl-C)" in err and "Traceback" not in err, f"{what}:\n{err[-3000:]}"
+            assert "interrupted (Ctrl-C)" in err and "Traceback (most recent call last)" not in err, f"{what}:\n{err[-3000:]}"
     if sig == signal.SIGINT and rc != 0:
         # a Ctrl-C is cleaned up after: no slow directory of its own left
         assert set(os.listdir(root / "slow")) <= before, f"{what}: {os.listdir(root / 'slow')} ({before} before)"
