@@ -19,6 +19,7 @@ from autotm.planner import InfeasibleBudget, plan
 from autotm.planner.floor import accounting, kernel_needs, operand_bytes, smallest_feasible, tightest_staged_plan
 from autotm.checks.validate import validate
 from graphs import make_graph
+from eager_twin import eager_step
 from test_planner import cost_model, direct_cost_model
 
 STAGED = ("first-touch", "lru", "synchronous", "asynchronous")
@@ -325,11 +326,8 @@ def test_compile_fails_fast_under_the_floor_and_trains_at_min(tmp_path):
         assert minimum == autotm.planner.smallest_feasible_budget(step.graph, step.cost_model, "lru").bytes
         assert step.plan.meta.bytes_to_slow > 0
         for x, y in data:
-            eager_opt.zero_grad(set_to_none=True)
-            expected = loss_fn(eager(x), y)
-            expected.backward()
-            eager_opt.step()
-            assert torch.equal(step(x, y), expected.detach())
+            expected = eager_step(eager, loss_fn, eager_opt, (x, y))
+            assert torch.equal(step(x, y), expected)
         for (n, a), b in zip(eager.state_dict().items(), model.state_dict().values()):
             assert torch.equal(a, b), n
     finally:
