@@ -50,6 +50,30 @@ def test_ctrl_c_exits_130_with_one_line():
     assert "Traceback (most recent call last)" not in err  # (torch's anomaly-mode warning may name the forward call)
 
 
+# a Ctrl-C while the CLI imports torch: main() holds it until torch is in, then exits 130
+# (landing inside numpy's or torch's import it had left numpy half-imported, or aborted)
+CTRL_C_WHILE_IMPORTING = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    from autotm.cli import main
+    assert "torch" not in sys.modules and "numpy" not in sys.modules
+    def ctrl_c():
+        while "numpy" not in sys.modules:  # (torch imports numpy early in its own import)
+            time.sleep(0.001)
+        os.kill(os.getpid(), signal.SIGINT)
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    sys.argv = ["autotm", "graph", "--help"]
+    main()
+""")
+
+
+def test_ctrl_c_while_torch_imports_exits_130_with_one_line():
+    p = subprocess.run([sys.executable, "-c", CTRL_C_WHILE_IMPORTING], capture_output=True, text=True, timeout=600,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert p.returncode == 130, p.stderr
+    assert p.stderr.strip() == "interrupted (Ctrl-C)", p.stderr
+    assert "Usage" not in p.stdout  # (held until torch was in, then acted on: the command never ran)
+
+
 HOLDER = textwrap.dedent("""
     import sys, time
     from autotm.tiers import make_memory_system

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from budgets import feasible_ratio
 from autotm.experiments import bench
 from autotm.experiments.bench import SweepOptions, kernel_io, move_stats, run_cells
 from autotm.planner import plan as make_plan
@@ -139,26 +140,6 @@ def test_gpu_needs_cuda_or_a_sim_spec(tmp_path):
     with pytest.raises(ValueError, match="cuda\\+host needs a CUDA GPU"):
         bench.gpu(str(tmp_path))
     assert bench.gpu(str(tmp_path), memory="sim:pcie-host", models="resnet50").cells  # planned and simulated
-
-
-def feasible_ratio(cache: str, formulations) -> str:
-    """4:1 where every formulation plans at it on this CPU, else the largest ratio (two
-    decimals) at which they do: the kernels' workspaces, which decide it, depend on the
-    algorithms oneDNN picks for the CPU (4:1 was infeasible on an AVX2-only EPYC). The
-    profile lands in `cache`, which the bench then reuses."""
-    import math
-
-    from autotm.ir.budget import parse_budget
-    from autotm.planner import smallest_feasible_budget
-    from autotm.profile import profile_workload
-    from autotm.zoo import workload
-
-    g, cm, _ = profile_workload(workload("resnet50", "test"), "cpu+file", cache)
-    peak = smallest_feasible_budget(g, cm, "all-fast").bytes
-    need = max(smallest_feasible_budget(g, cm, f).bytes for f in formulations)
-    if parse_budget("4:1", peak) >= need:
-        return "4:1"
-    return f"{math.floor((peak / need - 1) * 100) / 100}:1"
 
 
 def test_bench_test_runs_end_to_end(tmp_path):

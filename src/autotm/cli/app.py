@@ -356,12 +356,35 @@ def _remove_dead_processes_slow_dirs() -> None:
         pass
 
 
+def _import_torch_holding_ctrl_c() -> None:
+    """numpy and torch cannot be interrupted while they import: a KeyboardInterrupt there
+    has left numpy half-imported ("cannot load module more than once per process") and has
+    aborted the process from pybind11 ("terminate called after throwing ..."). Every
+    command imports torch (the slow-directory cleanup does), so import it first, holding a
+    Ctrl-C until it is in, then act on it."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        import torch  # noqa: F401  (someone else's handler: theirs to keep)
+
+        return
+    held: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        import torch  # noqa: F401,F811
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if held:
+        raise KeyboardInterrupt
+
+
 def main() -> None:
     from ..errors import AutotmError
 
     warnings.showwarning = _show_warning
-    _remove_dead_processes_slow_dirs()
     try:
+        _import_torch_holding_ctrl_c()
+        _remove_dead_processes_slow_dirs()
         # (without standalone mode click returns a typer.Exit's code instead of exiting)
         code = app(standalone_mode=False)
         if code == 130:  # (typer turns a Ctrl-C into this code, silently)
