@@ -15,7 +15,8 @@ such search only after its root node, tens of seconds in.
 
 As a script it imports numpy and highspy only (not autotm, not torch): it reads one
 pickled request on stdin and writes pickled messages to the file descriptor named in
-argv[1] (HiGHS's own output goes to stderr):
+argv[1] (HiGHS's own output goes to stderr); argv[2] is the planner's process id, whose
+end it does not outlive (die_with_parent). It writes:
   ("solution", objective, x)   each improving solution
   ("bound", dual bound)        at most once a second
   ("done", status name, objective, dual bound, primal solution status, x or None)
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,6 +42,8 @@ import numpy as np
 RINS_SHARE = 0.4
 # ... and from a reference point (improve_start): the plan that fits is found there or not at all
 REFERENCE_SHARE = 0.6
+# the worker's exit status when the planner process is gone (die_with_parent)
+ORPHANED = 3
 OPTIONS = ("time_limit", "mip_rel_gap", "primal_feasibility_tolerance", "mip_feasibility_tolerance", "threads",
            "output_flag")
 
@@ -117,11 +121,15 @@ def run_isolated(highspy: Any, req: dict[str, Any], deadline: float,
 
     Returns (x or None, Info, HighsModelStatus): x the best solution reported (by our
     costs: HiGHS can report a better objective than getSolution() returns, _run);
-    kTimeLimit when killed."""
+    kTimeLimit when killed.
+
+    The calling thread waits here until the worker has ended (killed if need be): on
+    Linux the worker dies when the thread that started it ends (die_with_parent), so
+    only when this process dies."""
     r, w = os.pipe()
     err = None if verbose else tempfile.TemporaryFile()  # (for the message, should it fail)
-    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(w)], stdin=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, stderr=err, pass_fds=(w,))
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(w), str(os.getpid())],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err, pass_fds=(w,))
     os.close(w)
     state: dict[str, Any] = dict(best=None, best_cost=np.inf, bound=float("-inf"), done=None, killed=False)
     cost = req["cost"]
@@ -251,6 +259,51 @@ def rins(highspy: Any, req: dict[str, Any], x0: np.ndarray, time_limit: float) -
     return x if not x0_feasible or cheaper(req["cost"], x, x0) else None
 
 
+def die_with_parent(parent: int) -> None:
+    """End this process when the planner process `parent` ends, however it ends (SIGKILL
+    included): HiGHS would otherwise run on, a CPU busy, until its time limit, which it
+    can overrun by tens of seconds (the module's docstring).
+
+    On Linux the kernel sends SIGKILL (PR_SET_PDEATHSIG) when the thread that started this
+    process ends: run_isolated's, which waits for the worker, so when the planner dies.
+    Had the planner died before that was set, no signal would come: the parent process is
+    then another already (init or a subreaper), and this process exits at once. Elsewhere,
+    or where prctl fails, watch_parent polls for the same change."""
+    if not _pdeathsig():
+        watch_parent(parent)
+    if os.getppid() != parent:
+        os._exit(ORPHANED)
+
+
+def _pdeathsig() -> bool:
+    """SIGKILL to this process when its parent thread ends (Linux's prctl); whether set."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)) == 0  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # no prctl in this C library
+        return False
+
+
+def watch_parent(parent: int, interval: float = 0.2) -> threading.Thread:
+    """A daemon thread that ends this process (os._exit(ORPHANED)) once its parent is no
+    longer `parent`: a process whose parent died is re-parented (to init, a subreaper or
+    launchd). highspy's run() releases the GIL while HiGHS solves (a Python thread ticked
+    every 50 ms through a 3 s solve in the main thread), so the thread runs throughout.
+    (On Windows a parent's death does not change getppid(); run_isolated is POSIX-only,
+    pass_fds.)"""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        os._exit(ORPHANED)
+    t = threading.Thread(target=watch, name="autotm-parent-watch", daemon=True)
+    t.start()
+    return t
+
+
 def _solve(req: dict[str, Any], out: IO[bytes]) -> None:
     import highspy
 
@@ -289,6 +342,7 @@ def _solve(req: dict[str, Any], out: IO[bytes]) -> None:
 
 
 if __name__ == "__main__":
+    die_with_parent(int(sys.argv[2]))
     out = os.fdopen(int(sys.argv[1]), "wb")
     os.dup2(2, 1)  # HiGHS prints on stdout: keep it off the messages and the parent's output
     _solve(pickle.load(sys.stdin.buffer), out)
