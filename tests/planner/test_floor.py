@@ -268,17 +268,15 @@ def test_the_demo_falls_back_to_the_smallest_budget_every_planner_fits():
     assert demo_budget(g, inflated, "min") == (budget, None)
 
 
-def test_the_demo_runs_where_4_to_1_is_infeasible(tmp_path, monkeypatch):
+def test_the_demo_runs_where_4_to_1_is_infeasible(tmp_path):
     """`autotm demo` on a machine whose convolution backward needs a workspace twice the
     iteration's peak (another CPU's oneDNN, by construction: the real profile, its
     largest such workspace inflated): one line says 4:1 is infeasible, every planner runs
     at the fallback budget, bit-identical to eager PyTorch."""
     from rich.console import Console
 
-    import autotm.profile as profile_module  # (where the demo takes profile from)
     from autotm.experiments.demo import run_demo
-
-    real = profile_module.profile
+    from autotm.profile import profile as real
 
     def other_cpu(graph, *args, **kwargs):
         out = real(graph, *args, **kwargs)
@@ -289,9 +287,8 @@ def test_the_demo_runs_where_4_to_1_is_infeasible(tmp_path, monkeypatch):
         ws[k] = 2 * graph.peak_live_bytes
         cm = dataclasses.replace(cm, workspace_bytes=tuple(int(w) for w in ws))
         return (cm, stats) if isinstance(out, tuple) else cm
-    monkeypatch.setattr(profile_module, "profile", other_cpu)
     console = Console(record=True, width=400)
-    assert run_demo(console, budget="4:1", out=str(tmp_path), iterations=1, time_limit=4.0)
+    assert run_demo(console, budget="4:1", out=str(tmp_path), iterations=1, time_limit=4.0, profile=other_cpu)
     text = console.export_text()
     notes = [line for line in text.splitlines() if "is infeasible on this machine" in line]
     assert len(notes) == 1 and notes[0].startswith("note: 4:1") and "aten.convolution_backward" in notes[0]

@@ -273,6 +273,43 @@ class PlanReplay:
             start = opened.pop(tid, None)
             if start is not None and step >= start:  # (an input evicted before its first step held nothing)
                 self.fast_blocks.append(FastBlock(tid, start, step, nbytes[tid]))
+
+        # A move is checked and started (begin), then completes (land): a sync move lands
+        # before the next one starts, an async one once its kernel has run. Each returns
+        # the fast bytes it takes or frees; `step` is the half-step its fast block opens
+        # (a prefetch's) or closes at (an evict's or a drop's).
+        def begin(m: Move, k: int, step: int) -> int:
+            tid, a = m.tensor, m.action
+            if a.kind == "prefetch":
+                self._check_prefetch(tid, k, fast, slow)
+                fast[tid] = _IN_FLIGHT
+                hold(tid, step)
+                self.bytes_to_fast += nbytes[tid]
+                self.moves += 1
+                return nbytes[tid]
+            if a.kind == "evict":
+                self._check_evict(tid, k, fast, slow, written)
+                slow[tid] = _IN_FLIGHT
+                written[tid] = f"it was written there at {self._k(k)}"
+                self.bytes_to_slow += nbytes[tid]
+                self.moves += 1
+            else:
+                self._check_drop(tid, k, fast, slow)
+            return 0
+
+        def land(m: Move, step: int) -> int:
+            tid, a = m.tensor, m.action
+            if a.kind == "prefetch":
+                fast[tid] = _YES
+                return 0
+            if a.kind == "evict":
+                slow[tid] = _YES
+            if a.kind == "drop" or not a.keep_fast:
+                fast[tid] = _NO
+                release(tid, step)
+                return nbytes[tid]
+            return 0
+
         inputs_at: dict[int, list[int]] = {}
         frees_at: dict[int, list[int]] = {}
         for t in g.tensors:
@@ -295,32 +332,11 @@ class PlanReplay:
                     slow[tid] = _YES
                     written[tid] = "it started in slow memory"
 
-            # (1) sync actions: evicts and drops, then prefetches
+            # (1) sync actions: evicts and drops, then prefetches; each completes before the next
             sync_moves = self._sync_release[k] + self._sync_prefetch[k]
             for m in sync_moves:
-                tid, a = m.tensor, m.action
-                if a.kind == "prefetch":
-                    self._check_prefetch(tid, k, fast, slow)
-                    fast[tid] = _YES
-                    hold(tid, 2 * k)
-                    used += nbytes[tid]
-                    self.bytes_to_fast += nbytes[tid]
-                    self.moves += 1
-                elif a.kind == "evict":
-                    self._check_evict(tid, k, fast, slow, written)
-                    slow[tid] = _YES
-                    written[tid] = f"it was written there at {self._k(k)}"
-                    self.bytes_to_slow += nbytes[tid]
-                    self.moves += 1
-                    if not a.keep_fast:
-                        fast[tid] = _NO
-                        release(tid, 2 * k - 1)
-                        used -= nbytes[tid]
-                else:
-                    self._check_drop(tid, k, fast, slow)
-                    fast[tid] = _NO
-                    release(tid, 2 * k - 1)
-                    used -= nbytes[tid]
+                used += begin(m, k, 2 * k)
+                used -= land(m, 2 * k - 1)
             after_sync = used
             if budget is not None and used > budget:
                 self._over_budget(k, used, f"before {self._k(k)} (after its sync moves)", nbytes)
@@ -328,22 +344,7 @@ class PlanReplay:
             # (2) async actions start
             async_moves = self._async[k]
             for m in async_moves:
-                tid, a = m.tensor, m.action
-                if a.kind == "prefetch":
-                    self._check_prefetch(tid, k, fast, slow)
-                    fast[tid] = _IN_FLIGHT
-                    hold(tid, 2 * k + 1)
-                    used += nbytes[tid]
-                    self.bytes_to_fast += nbytes[tid]
-                    self.moves += 1
-                elif a.kind == "evict":
-                    self._check_evict(tid, k, fast, slow, written)
-                    slow[tid] = _IN_FLIGHT
-                    written[tid] = f"it was written there at {self._k(k)}"
-                    self.bytes_to_slow += nbytes[tid]
-                    self.moves += 1
-                else:
-                    self._check_drop(tid, k, fast, slow)
+                used += begin(m, k, 2 * k + 1)
 
             # (3) the kernel runs; its outputs appear in their initial tier
             for tid in kern.outputs:
@@ -381,16 +382,7 @@ class PlanReplay:
 
             # (4) async actions complete
             for m in async_moves:
-                tid, a = m.tensor, m.action
-                if a.kind == "prefetch":
-                    fast[tid] = _YES
-                else:
-                    if a.kind == "evict":
-                        slow[tid] = _YES
-                    if a.kind == "drop" or not a.keep_fast:
-                        fast[tid] = _NO
-                        release(tid, 2 * k + 1)
-                        used -= nbytes[tid]
+                used -= land(m, 2 * k + 1)
 
             # (5) tensors whose live range ends here are freed in both tiers
             for tid in frees_at.get(k, ()):
