@@ -1,11 +1,11 @@
 """capture(): one training iteration (forward, backward, optimizer update) as a TrainingGraph.
 
 How: AOTAutograd exports the functionalized joint forward+backward graph at ATen level
-(parameters, buffers and the batch in; loss, updated buffers and gradients out). make_fx
-then traces that graph followed by the optimizer's functional update into one fx graph,
-always on fake tensors, so nothing the size of the workload is allocated. A pass over the
-fx graph groups values into storages (views are aliases), numbers the kernels, and
-computes users and live ranges.
+(parameters, buffers and the batch in; loss, updated buffers and gradients out), traced
+once (joint_export.py). make_fx then traces that graph followed by the optimizer's
+functional update into one fx graph, always on fake tensors, so nothing the size of the
+workload is allocated. A pass over the fx graph groups values into storages (views are
+aliases), numbers the kernels, and computes users and live ranges.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from torch import nn
 from ..errors import CaptureError
 from ..ir.graph import Kernel, Role, Tensor, TrainingGraph, check
 from .grad_clipping import GradClip
+from .joint_export import export_joint
 from .optim_lowering import OptimizerLowering, derived, lower_optimizer, used_names
 from .rnn import distinct_bias_gradients, train_rnn_layers
 
@@ -265,10 +266,8 @@ def capture(
 
     wrapper = _LossOf(model, loss_fn)
     try:
-        from torch._functorch.aot_autograd import aot_export_module
-
         with _decompose_as_eager():
-            joint, sig = aot_export_module(wrapper, list(batch), trace_joint=True, output_loss_index=0)
+            joint, sig = export_joint(wrapper, list(batch))
     except CaptureError:
         raise
     except Exception as e:  # any op that tracing cannot handle
