@@ -10,42 +10,7 @@ from torch import nn
 import autotm
 from autotm.errors import CaptureError, ReplayError
 from eager_twin import captured_ops, eager_ops, eager_step, train_twins
-
-
-class TiedFrozenBuffered(nn.Module):
-    """GPT-2's tied head, a frozen layer, BatchNorm's running stats, BERT's position_ids."""
-
-    def __init__(self, vocab=48, dim=32, seq=6):
-        super().__init__()
-        self.emb = nn.Embedding(vocab, dim)
-        self.frozen = nn.Linear(dim, dim)
-        self.frozen.requires_grad_(False)
-        self.norm = nn.BatchNorm1d(seq)
-        self.mix = nn.Linear(dim, dim)
-        self.head = nn.Linear(dim, vocab, bias=False)
-        self.head.weight = self.emb.weight  # tied
-        self.register_buffer("position_ids", torch.arange(seq), persistent=False)
-        self.register_buffer("scale", torch.tensor(0.5))
-
-    def forward(self, ids):
-        h = self.emb(ids) + self.emb(self.position_ids)
-        h = self.norm(torch.relu(self.frozen(h)))
-        return self.head(torch.tanh(self.mix(h)) * self.scale)
-
-
-def lm_loss(logits, target):
-    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
-
-
-def batches(n=3, vocab=48, seq=6, batch=4):
-    g = torch.Generator().manual_seed(1)
-    return [(torch.randint(0, vocab, (batch, seq), generator=g), torch.randint(0, vocab, (batch, seq), generator=g))
-            for _ in range(n)]
-
-
-def model(seed=0):
-    torch.manual_seed(seed)
-    return TiedFrozenBuffered()
+from tied_frozen_model import batches, lm_loss, model
 
 
 @pytest.mark.parametrize("budget", ["1:1", "2:1"])

@@ -11,7 +11,7 @@ import autotm
 from autotm.errors import CaptureError
 from compat_models import MODELS
 from eager_twin import train_twins
-from test_user_models import batches, lm_loss, model
+from tied_frozen_model import batches, lm_loss, model
 
 
 def _two_groups(m):

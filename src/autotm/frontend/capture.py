@@ -25,6 +25,7 @@ from ..errors import CaptureError
 from ..ir.graph import Kernel, Role, Tensor, TrainingGraph, check
 from .grad_clipping import GradClip
 from .joint_export import export_joint
+from .module_names import annotate_modules, module_of, recording_module_spans
 from .optim_lowering import OptimizerLowering, derived, lower_optimizer, used_names
 from .rnn import distinct_bias_gradients, train_rnn_layers
 
@@ -266,8 +267,9 @@ def capture(
 
     wrapper = _LossOf(model, loss_fn)
     try:
-        with _decompose_as_eager():
+        with _decompose_as_eager(), recording_module_spans(wrapper) as spans:
             joint, sig = export_joint(wrapper, list(batch))
+        annotate_modules(joint, spans)
     except CaptureError:
         raise
     except Exception as e:  # any op that tracing cannot handle
@@ -361,7 +363,7 @@ def capture(
             scalars.append(dict(zip(lowering.scalar_slots(gi), flat[pos:pos + k])))
             pos += k
         user = flat[pos:]
-        outs = joint(*[params[param_at[model_params.alias[n]]] for n in sig_names],
+        outs = fx.Interpreter(joint).run(*[params[param_at[model_params.alias[n]]] for n in sig_names],
                      *[buffers[buffer_at[buffer_alias.get(b, b)]] for b in sig_buffer_names], *user)
         by_name = dict(zip(out_names, outs))
         loss = by_name[loss_name]
@@ -530,20 +532,6 @@ def _tensors(v) -> list[torch.Tensor]:
     return []
 
 
-def _module_of(node: fx.Node) -> str:
-    stack = node.meta.get("nn_module_stack")
-    if not stack:
-        return ""
-    path, kind = list(stack.values())[-1]
-    path = str(path)
-    for prefix in ("L['self'].model.", "model.", "L['self'].", "self."):
-        if path.startswith(prefix):
-            path = path[len(prefix):]
-            break
-    kind = getattr(kind, "__name__", str(kind)).split(".")[-1]
-    return f"{path} ({kind})" if path and path != "model" else kind
-
-
 def _build(gm, input_keys, out_key_nodes, grad_nodes, lowering, param_groups, sig_params, sig_buffers, *,
            name, fake, t0, batch_size, parameters) -> TrainingGraph:
     """Group fx values into storages, number kernels, compute users and live ranges."""
@@ -603,7 +591,7 @@ def _build(gm, input_keys, out_key_nodes, grad_nodes, lowering, param_groups, si
                 node_tensor[node] = tid
                 continue
             if not isinstance(node.target, torch._ops.OpOverload):
-                raise CaptureError(f"unexpected call {node.target} in the captured graph ({_module_of(node)})")
+                raise CaptureError(f"unexpected call {node.target} in the captured graph ({module_of(node)})")
             k = len(kernel_nodes)
             kernel_nodes.append(node)
             ins: list[int] = []
@@ -679,7 +667,7 @@ def _build(gm, input_keys, out_key_nodes, grad_nodes, lowering, param_groups, si
         touched += sum(v.numel() * v.element_size() for v in _tensors(node.meta.get("val")))
         kernels.append(Kernel(index=k, op=str(node.target), inputs=tuple(kernel_inputs[k]),
                               outputs=tuple(t for t, _ in kernel_outputs[k]), signature=_signature(node),
-                              flops=_flops(node), bytes_touched=int(touched), module=_module_of(node),
+                              flops=_flops(node), bytes_touched=int(touched), module=module_of(node),
                               phase=phase(k), node=node.name))
 
     program = Program(gm=gm, kernel_nodes=kernel_nodes, node_tensor=node_tensor, base_node=base_node,
