@@ -361,20 +361,13 @@ def _import_torch_holding_ctrl_c() -> None:
     has left numpy half-imported ("cannot load module more than once per process") and has
     aborted the process from pybind11 ("terminate called after throwing ..."). Every
     command imports torch (the slow-directory cleanup does), so import it first, holding a
-    Ctrl-C until it is in, then act on it."""
-    import signal
+    Ctrl-C until it is in (the guard the executor holds one with between kernels), then
+    act on it."""
+    from ..runtime.interrupts import CtrlCBetweenKernels
 
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        import torch  # noqa: F401  (someone else's handler: theirs to keep)
-
-        return
-    held: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
-    try:
-        import torch  # noqa: F401,F811
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if held:
+    with CtrlCBetweenKernels() as held:
+        import torch  # noqa: F401
+    if held.hit:
         raise KeyboardInterrupt
 
 

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import torch
 import torch.fx as fx
 from torch import nn
 
@@ -31,7 +32,7 @@ class ModuleSpans:
 
 
 def _sequence_nr() -> int | None:
-    get = getattr(getattr(__import__("torch")._C, "_autograd", None), "_get_sequence_nr", None)
+    get = getattr(getattr(torch._C, "_autograd", None), "_get_sequence_nr", None)
     return get() if get is not None else None  # (a torch without it: modules stay unnamed)
 
 
