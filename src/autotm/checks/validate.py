@@ -17,6 +17,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from ..interpret.replay import in_place_inputs
 from ..ir.graph import TrainingGraph
 from ..ir.plan import ACCESS, KINDS, MODES, TIERS, Action, Plan, PlanError, check_plan_matches
 
@@ -70,15 +71,18 @@ class ValidationReport:
 
 
 def validate(plan: Plan, graph: TrainingGraph, *, budget_bytes: int | None = None,
-             reserved_bytes: Iterable[int] | None = None) -> ValidationReport:
+             reserved_bytes: Iterable[int] | None = None, in_place: bool = True) -> ValidationReport:
     """Check `plan` against `graph`; raise PlanError at the first broken rule.
 
     `budget_bytes` overrides the plan's budget; a budget of None means unlimited.
     `reserved_bytes` (per kernel, optional): fast memory kernel k needs beyond the graph's
     tensors while it runs (its workspace, CostModel.workspace): resident bytes plus that
     must fit the budget at k.
+    `in_place`: count once the bytes of an output written over an input that dies at its
+    kernel, both in fast memory (replay.in_place_inputs), as the executor holds them;
+    False counts the two apart (the staged planner with pinned tensors).
     """
-    replay = PlanReplay(plan, graph, budget_bytes=budget_bytes, reserved_bytes=reserved_bytes)
+    replay = PlanReplay(plan, graph, budget_bytes=budget_bytes, reserved_bytes=reserved_bytes, in_place=in_place)
     fast = np.zeros(len(graph.kernels), dtype=np.int64)
     steps = tuple(replay)
     for step in steps:
@@ -152,7 +156,7 @@ class PlanReplay:
     """
 
     def __init__(self, plan: Plan, graph: TrainingGraph, *, budget_bytes: int | None = None,
-                 reserved_bytes: Iterable[int] | None = None) -> None:
+                 reserved_bytes: Iterable[int] | None = None, in_place: bool = True) -> None:
         check_plan_matches(plan, graph)
         self.plan = plan
         self.graph = graph
@@ -163,6 +167,8 @@ class PlanReplay:
         if plan.access not in ACCESS:
             raise PlanError(f"plan access must be 'staged' or 'direct', got {plan.access!r}")
         self.staged = plan.access == "staged"
+        # per kernel, the dying input whose storage its output takes (None: none)
+        self.in_place = in_place_inputs(graph) if in_place else (None,) * len(graph.kernels)
         self.bytes_to_slow = 0
         self.bytes_to_fast = 0
         self.moves = 0
@@ -317,6 +323,8 @@ class PlanReplay:
                 inputs_at.setdefault(t.live[0], []).append(t.id)
             frees_at.setdefault(t.live[1], []).append(t.id)
         init_fast = self.initial_fast
+        in_place = self.in_place
+        taken_over: set[int] = set()  # dying inputs whose bytes an output of their last kernel holds
         budget = self.budget
         staged = self.staged
         used = 0  # fast bytes now
@@ -355,6 +363,11 @@ class PlanReplay:
                 else:
                     slow[tid] = _YES
                     written[tid] = f"its producer {self._k(k)} wrote it there"
+            over = in_place[k]
+            if over is not None and fast[over] == _YES and init_fast[kern.outputs[0]]:
+                # the output is written over the dying input's storage: its bytes, not more
+                used -= nbytes[over]
+                taken_over.add(over)
             if budget is not None and used > budget:
                 self._over_budget(k, used, f"at {self._k(k)}", nbytes)
             if budget is not None and self.reserved is not None and used + self.reserved[k] > budget:
@@ -388,7 +401,8 @@ class PlanReplay:
             for tid in frees_at.get(k, ()):
                 if fast[tid] != _NO:
                     release(tid, 2 * k + 1)
-                    used -= nbytes[tid]
+                    if tid not in taken_over:
+                        used -= nbytes[tid]
                 fast[tid] = _NO
                 slow[tid] = _NO
 

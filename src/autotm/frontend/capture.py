@@ -60,6 +60,9 @@ class Program:
     # (kernel index, argument position or keyword, param group, derived name)
     hyper_args: list[tuple[int, int | str, int, str]] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)
+    # interpret.replay.reuse_table's result, made once: the validator, planners and
+    # interpreters all read it (tens of ms on a 1,000-kernel graph each time)
+    reuse: tuple[Any, ...] | None = field(default=None, repr=False)
 
 
 class _LossOf(nn.Module):

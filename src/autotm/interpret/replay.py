@@ -205,6 +205,9 @@ def reuse_table(graph: TrainingGraph) -> list[Reuse | None]:
     kernel), only an allocation is saved.
     """
     p = graph.program
+    cached = getattr(p, "reuse", None)
+    if cached is not None and len(cached) == len(p.kernel_nodes):
+        return list(cached)
     table: list[Reuse | None] = []
     for k, node in enumerate(p.kernel_nodes):
         entry = None
@@ -234,7 +237,27 @@ def reuse_table(graph: TrainingGraph) -> list[Reuse | None]:
                         entry = Reuse(ov[0], tid, ov[1], want[0], want[1], inplace)
                     break
         table.append(entry)
+    if hasattr(p, "reuse"):
+        p.reuse = tuple(table)
     return table
+
+
+def in_place_inputs(graph: TrainingGraph) -> tuple[int | None, ...]:
+    """Per kernel, the input whose storage its one output takes (`reuse_table`), else None.
+
+    Where that input is in fast memory while the kernel runs and the output is made there,
+    the executor holds the two in one storage: the validator and the staged planner count
+    those bytes once, as the executor's byte account does. Graphs without a captured
+    program (hand-built, loaded from JSON) have none."""
+    p = getattr(graph, "program", None)
+    if p is None or not hasattr(p, "kernel_nodes"):
+        return (None,) * len(graph.kernels)
+    try:
+        table = reuse_table(graph)
+    except Exception:  # a graph whose nodes lack the metadata: no reuse known
+        return (None,) * len(graph.kernels)
+    return tuple(r.tensor if r is not None and len(p.kernel_outputs[k]) == 1 else None
+                 for k, r in enumerate(table))
 
 
 class Replay:

@@ -24,7 +24,7 @@ from .arena import with_arena
 from .baselines import all_fast, first_touch_plan, lru_plan
 from .direct import solve_direct
 from .floor import Floor, accounting, smallest_feasible, tightest_staged_plan
-from .staged import default_min_tensor_bytes, min_tensor_bytes_for, solve_staged
+from .staged import default_min_tensor_bytes, min_tensor_bytes_for, solve_staged, staged_extra
 from .static import all_slow_plan, first_touch_direct_plan, solve_static
 from ..errors import InfeasibleBudget, InputError
 from ..ir.plan_meta import PlanMeta, SolverStats
@@ -318,7 +318,8 @@ def _solve(graph: TrainingGraph, cost_model: CostModel, formulation: str, budget
         if warm_start:
             start = (_best_direct_start(graph, cost_model, budget_bytes, validation_budget, ilp, workspace) if direct
                      else _best_baseline(graph, cost_model, validation_budget, workspace,
-                                         min_tensor_bytes_for(graph, budget_bytes, extra, pinned),
+                                         min_tensor_bytes_for(graph, budget_bytes,
+                                                              staged_extra(graph, extra, pinned), pinned),
                                          # (a re-solve starts near the previous plan: lru, the
                                          # quick one, is only the start should that fail;
                                          # first-touch took 6 s of densenet264 cpu 8:1's re-solve)

@@ -8,6 +8,9 @@
 - lru: demand paging at tensor granularity: before each kernel, fetch the operands that
   are not in fast memory, evicting the least recently used tensors to make room (the
   behaviour of a DRAM cache, CUDA unified memory or OS swapping).
+
+Both count an output written over an input that dies at its kernel once
+(floor.in_place_bytes), as the executor holds them.
 """
 
 from __future__ import annotations
@@ -45,8 +48,17 @@ def _reserve(graph: TrainingGraph, reserve: np.ndarray | None) -> np.ndarray:
     return np.zeros(n, dtype=np.int64) if reserve is None else np.asarray(reserve, dtype=np.int64)
 
 
+def _operand_need(graph: TrainingGraph, reserve: np.ndarray) -> list[int]:
+    """Per kernel, its operands (an output written over a dying input once) and workspace."""
+    from .floor import in_place_bytes
+
+    shared = in_place_bytes(graph)
+    return [sum(graph.tensors[t].nbytes for t in ops) + int(w) - int(s)
+            for ops, w, s in zip(_operands(graph), reserve, shared)]
+
+
 def _minimum(graph: TrainingGraph, budget: int, reserve: np.ndarray) -> None:
-    need = [sum(graph.tensors[t].nbytes for t in ops) + int(w) for ops, w in zip(_operands(graph), reserve)]
+    need = _operand_need(graph, reserve)
     k = int(np.argmax(need))
     if need[k] > budget:
         raise InfeasibleBudget(budget, need[k], f"kernel {k} ({graph.kernels[k].op}) with its operands and workspace")
@@ -64,7 +76,7 @@ def first_touch_plan(graph: TrainingGraph, budget: int, memory_system: str = "cp
 
     ws = _reserve(graph, workspace)
     _minimum(graph, budget, ws)
-    reserve = max(sum(graph.tensors[t].nbytes for t in o) + int(w) for o, w in zip(_operands(graph), ws))
+    reserve = max(_operand_need(graph, ws))
     uses = _uses(graph)
     while True:
         p = _first_touch(graph, budget, memory_system, reserve, keep_fast, uses)
@@ -130,10 +142,13 @@ def lru_plan(graph: TrainingGraph, budget: int, memory_system: str = "cpu+file",
 
     `keep_fast`: tensors never evicted (the ILP's warm start: those it does not move);
     `workspace[k]`: bytes kernel k needs beyond the tensors, room made for it too."""
+    from .floor import in_place_bytes
+
     ws = _reserve(graph, workspace)
     _minimum(graph, budget, ws)
     n = len(graph.kernels)
     ops = _operands(graph)
+    shared = in_place_bytes(graph)  # an output written over its dying input needs no room of its own
     nbytes = [t.nbytes for t in graph.tensors]
     initial: dict[int, Literal["fast", "slow"]] = {}
     actions: dict[int, list[Action]] = {}
@@ -155,7 +170,7 @@ def lru_plan(graph: TrainingGraph, budget: int, memory_system: str = "cpu+file",
     for k in range(n):
         need = [t for t in ops[k] if t not in resident and graph.tensors[t].producer != k]
         new = [t for t in ops[k] if graph.tensors[t].producer == k]
-        room = sum(nbytes[t] for t in need) + sum(nbytes[t] for t in new) + int(ws[k])
+        room = sum(nbytes[t] for t in need) + sum(nbytes[t] for t in new) + int(ws[k]) - int(shared[k])
         for t in ops[k]:
             if t in resident:
                 resident.move_to_end(t)

@@ -7,7 +7,9 @@ planner can make, and no plan of it needs less):
 
 - staged ILP (synchronous, asynchronous): every tensor absent from fast memory inside
   every movable segment (segments.py, all tensors movable): the peak of
-  `tightest_staged_plan`, a solution of the model at that budget.
+  `tightest_staged_plan`, a solution of the model at that budget. An output written over
+  an input that dies at its kernel (torch.optim's in-place updates) holds that input's
+  bytes, counted once (`in_place_bytes`), as the executor holds them.
 - lru: the operands and workspace of the busiest kernel (it evicts all else there).
 - first-touch (staged): the plan in which every tensor that may be slow is, staged in
   for each run of uses (its reserve at the whole budget), with the must-fast tensors.
@@ -90,20 +92,22 @@ def smallest_feasible(graph: TrainingGraph, formulation: str, access: str, acc: 
         return Floor(0, None, "nothing")
     ws = acc.workspace
     if formulation == "lru" or (formulation == "first-touch" and access == "staged"):
-        need = operand_bytes(graph) + ws
+        shared = in_place_bytes(graph)  # (the baselines count an output over its dying input once)
+        need = operand_bytes(graph) - shared + ws
         if formulation == "first-touch":
             from ..checks.validate import validate
 
             p = tightest_first_touch(graph, memory_system)
             need = np.maximum(need, validate(p, graph, budget_bytes=2**62).fast_bytes + ws)
         return _at_peak(graph, need - acc.flat_extra, ws, "first-touch placement with its staged copies at "
-                        if formulation == "first-touch" else "")
+                        if formulation == "first-touch" else "", shared=shared)
     if access == "staged":
         p = tightest_staged_plan(graph, acc.pinned, memory_system)
         from ..checks.validate import validate
 
-        held = validate(p, graph, budget_bytes=2**62).fast_bytes
-        return _at_peak(graph, held - (acc.solver_extra if acc.solver_extra is not None else 0), ws, "")
+        held = validate(p, graph, budget_bytes=2**62, in_place=not acc.pinned).fast_bytes
+        return _at_peak(graph, held - (acc.solver_extra if acc.solver_extra is not None else 0), ws, "",
+                        shared=in_place_bytes(graph, acc.pinned))
     if formulation == "first-touch":
         fixed = must_stay_fast(graph, frozenset())
         return _at_peak(graph, fixed + ws - acc.flat_extra, ws, "", direct=True)
@@ -165,7 +169,8 @@ def check_before_profile(graph: TrainingGraph, budget: object, formulation: str,
     raise InfeasibleBudget(wanted, floor.bytes, floor.what, formulation, exact=False)
 
 
-def _at_peak(graph: TrainingGraph, need: np.ndarray, ws: np.ndarray, prefix: str, direct: bool = False) -> Floor:
+def _at_peak(graph: TrainingGraph, need: np.ndarray, ws: np.ndarray, prefix: str, direct: bool = False,
+             shared: np.ndarray | None = None) -> Floor:
     k = int(np.argmax(need))
     if direct:  # operands may be slow there: what must stay fast sets the floor
         kern = graph.kernels[k]
@@ -174,11 +179,28 @@ def _at_peak(graph: TrainingGraph, need: np.ndarray, ws: np.ndarray, prefix: str
         if ws[k]:
             what += f" and its workspace ({_mb(int(ws[k]))})"
         return Floor(max(0, int(need[k])), k, prefix + what)
-    what = kernel_needs(graph, k, int(ws[k]))
-    rest = int(need[k]) - int(operand_bytes(graph)[k]) - int(ws[k])
+    over = int(shared[k]) if shared is not None else 0
+    what = kernel_needs(graph, k, int(ws[k]), over)
+    rest = int(need[k]) - (int(operand_bytes(graph)[k]) - over) - int(ws[k])
     if rest >= 2**16:  # (the batch and the loss between their uses, tensors too small to move, ...)
         what += f", and {_mb(rest)} of other tensors that stay fast there"
     return Floor(max(0, int(need[k])), k, prefix + what)
+
+
+def in_place_bytes(graph: TrainingGraph, pinned: frozenset[int] = frozenset()) -> np.ndarray:
+    """Per kernel k, the bytes of the input whose storage k's output takes there
+    (replay.in_place_inputs): under staged access both are in fast memory at k in every
+    plan, so the staged model's capacity at k gains them (its budget_extra). None with
+    pinned tensors (pin_params), whose capacity rows count the two apart."""
+    out = np.zeros(len(graph.kernels), dtype=np.int64)
+    if pinned:
+        return out
+    from ..interpret.replay import in_place_inputs
+
+    for k, tid in enumerate(in_place_inputs(graph)):
+        if tid is not None:
+            out[k] = graph.tensors[tid].nbytes
+    return out
 
 
 def operand_bytes(graph: TrainingGraph) -> np.ndarray:
@@ -223,12 +245,13 @@ def updates_kept_fast(graph: TrainingGraph, pinned: frozenset[int]) -> np.ndarra
     return np.cumsum(delta[:-1])
 
 
-def kernel_needs(graph: TrainingGraph, k: int, workspace: int) -> str:
+def kernel_needs(graph: TrainingGraph, k: int, workspace: int, in_place: int = 0) -> str:
     """What kernel k holds at once, naming its module, or for an optimizer update the
-    parameter it updates: "the update of `fc.weight` (4.0 MiB) ..."."""
+    parameter it updates: "the update of `fc.weight` (4.0 MiB) ...". `in_place`: bytes
+    its output holds of an input it is written over (in_place_bytes), counted once."""
     kern = graph.kernels[k]
     ops = [graph.tensors[t] for t in dict.fromkeys(kern.inputs + kern.outputs)]
-    total = sum(t.nbytes for t in ops)
+    total = sum(t.nbytes for t in ops) - in_place
     # the parameter an update is for: its own state key, or its optimizer state's
     # ("opt:layer4.0.conv2.weight:momentum_buffer")
     params = sorted({p for t in ops if t.state_key and (p := _parameter_of(t.state_key)) is not None})
@@ -252,6 +275,8 @@ def kernel_needs(graph: TrainingGraph, k: int, workspace: int) -> str:
     else:
         where = f" in `{kern.module}`" if kern.module else ""
         what = f"kernel {k} ({kern.op}{where}) with its operands ({_mb(total)})"
+    if in_place:
+        what += f" (its output written over an input it consumes, {_mb(in_place)})"
     if workspace:
         what += f" and workspace ({_mb(workspace)})"
     return what

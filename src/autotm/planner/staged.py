@@ -77,7 +77,7 @@ from ..ir.plan import Plan
 from ..ir.plan_meta import SolverStats
 from . import families as fam
 from .decode import decode_staged
-from .floor import solver_infeasible, tightest_staged_plan
+from .floor import in_place_bytes, solver_infeasible, tightest_staged_plan
 from .highs_driver import Solve, highs_model, is_feasible, solve_model, solver_stats
 from .model import MARGIN_BYTES, SCALE, Rows, SegVars, StagedLayout, Vars, add_async_copies, cheap_wakes, \
     sync_positions
@@ -110,6 +110,13 @@ def smallest_budget(graph: TrainingGraph, extra: np.ndarray | None = None,
     (min_tensor_bytes_for's last resort)."""
     return minimum_budget(graph, tensor_segments(graph, min_bytes=0, pinned=pinned, pairs=carried_pairs(graph)),
                           extra)[0]
+
+
+def staged_extra(graph: TrainingGraph, extra: np.ndarray | None, pinned: frozenset[int] = frozenset()) -> np.ndarray:
+    """The staged model's budget_extra: `extra` (pinned tensors, workspace) and the bytes
+    an output written over its dying input holds of it (floor.in_place_bytes)."""
+    shared = in_place_bytes(graph, pinned)
+    return shared if extra is None else extra + shared
 
 
 def minimum_budget(graph: TrainingGraph, segs: list[TensorSegments],
@@ -207,7 +214,8 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     natural place; candidates: of those, how many (the longest kernels) are offered.
     budget_extra[k]: bytes the budget gains at kernel k (pinned tensors, counted outside
     it) or, negative, loses (the kernel's workspace); the capacity row at k is
-    budget + budget_extra[k].
+    budget + budget_extra[k] + the bytes of an input k's output is written over
+    (staged_extra).
     """
     import highspy
 
@@ -216,7 +224,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     t_build = time.perf_counter()
     n = len(graph.kernels)
     pairs = carried_pairs(graph)
-    extra = budget_extra if budget_extra is not None else np.zeros(n, dtype=np.int64)
+    extra = staged_extra(graph, budget_extra, pinned)
     if min_tensor_bytes is None:
         min_tensor_bytes = min_tensor_bytes_for(graph, budget, extra, pinned)
     segs = tensor_segments(graph, min_bytes=min_tensor_bytes, pinned=pinned, pairs=pairs)

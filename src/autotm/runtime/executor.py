@@ -349,6 +349,12 @@ class Executor(Replay):
         finally:
             if layout is not None:
                 layout.kernel_done()
+        r = ck.reuse
+        if r is not None and r.tensor in env and r.tensor in self.fast:
+            # the output now holds the dying input's storage: its bytes pass to the output
+            # (counted once, as the validator counts them; the input's free releases nothing)
+            self.fast.remove(r.tensor)
+            self.fast_bytes -= self.nbytes[r.tensor]
         for tid, i, nb, to_slow in ck.outputs:
             v = out if i is None else out[i]
             if to_slow:  # direct access: the output goes to slow memory
