@@ -30,6 +30,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _child import ChildFailed, emit, run_child  # noqa: E402
 
+def import_torchvision():
+    """torchvision's models without its C++ ops: the PyPI wheel matching a CPU torch is a
+    CUDA build whose extension cannot load (`operator torchvision::nms does not exist`, in
+    its meta registrations); the classifiers need none of those ops (as tests/compat_models)."""
+    import types
+
+    if "torchvision" not in sys.modules:
+        sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
+    import torchvision
+
+    return torchvision
+
+
 DEFAULT_MODELS = "mlp,cnn,lstm,resnet50,transformer,tv:mobilenet_v3_small"
 
 
@@ -75,8 +88,7 @@ def build(name: str, preset: str):
         model = LSTMNet()
         batch = (torch.randn(4, 16, 64, generator=g), torch.randint(0, 10, (4,), generator=g))
     elif name.startswith("tv:"):
-        import torchvision
-
+        torchvision = import_torchvision()
         model = getattr(torchvision.models, name[3:])(num_classes=10)
         batch = (torch.randn(2, 3, 64, 64, generator=g), torch.randint(0, 10, (2,), generator=g))
     else:
@@ -193,7 +205,7 @@ def main() -> None:
         for model in a.models.split(","):
             if model.startswith("tv:"):
                 try:
-                    import torchvision  # noqa: F401
+                    import_torchvision()
                 except Exception as e:  # (not installed, or built for another torch)
                     print(f"{model}: torchvision cannot be imported ({type(e).__name__}: {e}), skipped")
                     continue
