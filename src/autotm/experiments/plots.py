@@ -564,9 +564,13 @@ def gpu(records, out, tag: str = "gpu") -> list[Path]:
 
 def fast_bytes_by_role(plan, graph) -> dict[str, np.ndarray]:
     """Fast-tier bytes of each tensor role while each kernel runs (the plan timeline's step 3,
-    so the sum over roles equals `validate(plan, graph).fast_bytes`)."""
+    so the sum over roles equals `validate(plan, graph).fast_bytes`, an update written over
+    its dying input counted once)."""
+    from ..interpret.replay import in_place_inputs
+
     n = len(graph.kernels)
     delta: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(n + 1, dtype=np.int64))
+    fast_at: dict[int, list[tuple[int, int]]] = defaultdict(list)  # tensor -> its fast intervals
     for tp in plan.tensors:
         t = graph.tensors[tp.id]
         d = delta[t.role.value]
@@ -580,10 +584,21 @@ def fast_bytes_by_role(plan, graph) -> dict[str, np.ndarray]:
                 if end >= start:
                     d[start] += t.nbytes
                     d[end + 1] -= t.nbytes
+                    fast_at[t.id].append((start, end))
                 start = None
         if start is not None and t.live[1] >= start:
             d[start] += t.nbytes
             d[t.live[1] + 1] -= t.nbytes
+            fast_at[t.id].append((start, t.live[1]))
+    # an output written over an input dying at its kernel holds that input's bytes, counted
+    # once (as the validator counts them): the input's role gives them up there
+    initial = {tp.id: tp.initial for tp in plan.tensors}
+    for k, over in enumerate(in_place_inputs(graph)):
+        if (over is not None and initial.get(graph.kernels[k].outputs[0]) == "fast"
+                and any(a <= k <= b for a, b in fast_at.get(over, ()))):
+            t = graph.tensors[over]
+            delta[t.role.value][k] -= t.nbytes
+            delta[t.role.value][k + 1] += t.nbytes
     return {role: np.cumsum(d[:-1]) for role, d in delta.items() if d.any()}
 
 
