@@ -17,7 +17,6 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from ..interpret.replay import in_place_inputs
 from ..ir.graph import TrainingGraph
 from ..ir.plan import ACCESS, KINDS, MODES, TIERS, Action, Plan, PlanError, check_plan_matches
 
@@ -167,8 +166,13 @@ class PlanReplay:
         if plan.access not in ACCESS:
             raise PlanError(f"plan access must be 'staged' or 'direct', got {plan.access!r}")
         self.staged = plan.access == "staged"
-        # per kernel, the dying input whose storage its output takes (None: none)
-        self.in_place = in_place_inputs(graph) if in_place else (None,) * len(graph.kernels)
+        # per kernel, the dying input whose storage its output takes (None: none); the
+        # interpreter (torch) is imported only for graphs that carry a program
+        self.in_place: tuple[int | None, ...] = (None,) * len(graph.kernels)
+        if in_place and hasattr(getattr(graph, "program", None), "kernel_nodes"):
+            from ..interpret.replay import in_place_inputs
+
+            self.in_place = in_place_inputs(graph)
         self.bytes_to_slow = 0
         self.bytes_to_fast = 0
         self.moves = 0

@@ -564,41 +564,26 @@ def gpu(records, out, tag: str = "gpu") -> list[Path]:
 
 def fast_bytes_by_role(plan, graph) -> dict[str, np.ndarray]:
     """Fast-tier bytes of each tensor role while each kernel runs (the plan timeline's step 3,
-    so the sum over roles equals `validate(plan, graph).fast_bytes`, an update written over
-    its dying input counted once)."""
+    so the sum over roles equals `validate(plan, graph).fast_bytes`: the validator's fast
+    blocks, an update written over its dying input counted once, as there)."""
+    from ..checks.validate import validate
     from ..interpret.replay import in_place_inputs
 
     n = len(graph.kernels)
     delta: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(n + 1, dtype=np.int64))
-    fast_at: dict[int, list[tuple[int, int]]] = defaultdict(list)  # tensor -> its fast intervals
-    for tp in plan.tensors:
-        t = graph.tensors[tp.id]
-        d = delta[t.role.value]
-        born = t.live[0] if t.producer is None else t.producer
-        start = born if tp.initial == "fast" else None  # first kernel of the current fast interval
-        for a in tp.actions:
-            if a.kind == "prefetch":
-                start = a.at
-            elif start is not None and (a.kind == "drop" or not a.keep_fast):
-                end = a.at - 1 if a.mode == "sync" else a.at  # an async release completes after its kernel
-                if end >= start:
-                    d[start] += t.nbytes
-                    d[end + 1] -= t.nbytes
-                    fast_at[t.id].append((start, end))
-                start = None
-        if start is not None and t.live[1] >= start:
-            d[start] += t.nbytes
-            d[t.live[1] + 1] -= t.nbytes
-            fast_at[t.id].append((start, t.live[1]))
-    # an output written over an input dying at its kernel holds that input's bytes, counted
-    # once (as the validator counts them): the input's role gives them up there
+    held: dict[int, list[tuple[int, int]]] = defaultdict(list)  # tensor -> kernels it is fast at step 3
+    for b in validate(plan, graph, budget_bytes=2**62).fast_blocks:
+        k0, k1 = b.start // 2, (b.end - 1) // 2  # kernels k with start <= 2k + 1 <= end
+        if k1 >= k0:
+            role = graph.tensors[b.tensor].role.value
+            delta[role][k0] += b.nbytes
+            delta[role][k1 + 1] -= b.nbytes
+            held[b.tensor].append((k0, k1))
     initial = {tp.id: tp.initial for tp in plan.tensors}
     for k, over in enumerate(in_place_inputs(graph)):
-        if (over is not None and initial.get(graph.kernels[k].outputs[0]) == "fast"
-                and any(a <= k <= b for a, b in fast_at.get(over, ()))):
-            t = graph.tensors[over]
-            delta[t.role.value][k] -= t.nbytes
-            delta[t.role.value][k + 1] += t.nbytes
+        if over is not None and initial.get(graph.kernels[k].outputs[0]) == "fast" and any(
+                a <= k <= b for a, b in held[over]):
+            delta[graph.tensors[over].role.value][k:k + 2] += (-graph.tensors[over].nbytes, graph.tensors[over].nbytes)
     return {role: np.cumsum(d[:-1]) for role, d in delta.items() if d.any()}
 
 

@@ -193,8 +193,8 @@ def in_place_bytes(graph: TrainingGraph, pinned: frozenset[int] = frozenset()) -
     plan, so the staged model's capacity at k gains them (its budget_extra). None with
     pinned tensors (pin_params), whose capacity rows count the two apart."""
     out = np.zeros(len(graph.kernels), dtype=np.int64)
-    if pinned:
-        return out
+    if pinned or not hasattr(getattr(graph, "program", None), "kernel_nodes"):
+        return out  # (no program, no reuse known: and no torch imported for it)
     from ..interpret.replay import in_place_inputs
 
     for k, tid in enumerate(in_place_inputs(graph)):
