@@ -564,27 +564,27 @@ def gpu(records, out, tag: str = "gpu") -> list[Path]:
 
 def fast_bytes_by_role(plan, graph) -> dict[str, np.ndarray]:
     """Fast-tier bytes of each tensor role while each kernel runs (the plan timeline's step 3,
-    so the sum over roles equals `validate(plan, graph).fast_bytes`: the validator's fast
-    blocks, an update written over its dying input counted once, as there)."""
+    so the sum over roles equals `validate(plan, graph).fast_bytes`): the validator's fast
+    blocks, less what it counts once at a kernel whose output is written over a dying
+    input (taken from that input's role)."""
     from ..checks.validate import validate
     from ..interpret.replay import in_place_inputs
 
     n = len(graph.kernels)
+    report = validate(plan, graph, budget_bytes=2**62)
     delta: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(n + 1, dtype=np.int64))
-    held: dict[int, list[tuple[int, int]]] = defaultdict(list)  # tensor -> kernels it is fast at step 3
-    for b in validate(plan, graph, budget_bytes=2**62).fast_blocks:
+    for b in report.fast_blocks:
         k0, k1 = b.start // 2, (b.end - 1) // 2  # kernels k with start <= 2k + 1 <= end
         if k1 >= k0:
-            role = graph.tensors[b.tensor].role.value
-            delta[role][k0] += b.nbytes
-            delta[role][k1 + 1] -= b.nbytes
-            held[b.tensor].append((k0, k1))
-    initial = {tp.id: tp.initial for tp in plan.tensors}
-    for k, over in enumerate(in_place_inputs(graph)):
-        if over is not None and initial.get(graph.kernels[k].outputs[0]) == "fast" and any(
-                a <= k <= b for a, b in held[over]):
-            delta[graph.tensors[over].role.value][k:k + 2] += (-graph.tensors[over].nbytes, graph.tensors[over].nbytes)
-    return {role: np.cumsum(d[:-1]) for role, d in delta.items() if d.any()}
+            d = delta[graph.tensors[b.tensor].role.value]
+            d[k0] += b.nbytes
+            d[k1 + 1] -= b.nbytes
+    out = {role: np.cumsum(d[:-1]) for role, d in delta.items()}
+    counted_once = sum(out.values(), np.zeros(n, dtype=np.int64)) - report.fast_bytes
+    over = in_place_inputs(graph)
+    for k in np.flatnonzero(counted_once):
+        out[graph.tensors[over[k]].role.value][k] -= counted_once[k]
+    return {role: v for role, v in out.items() if v.any()}
 
 
 def moves_by_kernel(plan, graph) -> dict[str, np.ndarray]:

@@ -190,7 +190,7 @@ def _at_peak(graph: TrainingGraph, need: np.ndarray, ws: np.ndarray, prefix: str
 def in_place_bytes(graph: TrainingGraph, pinned: frozenset[int] = frozenset()) -> np.ndarray:
     """Per kernel k, the bytes of the input whose storage k's output takes there
     (replay.in_place_inputs): under staged access both are in fast memory at k in every
-    plan, so the staged model's capacity at k gains them (its budget_extra). None with
+    plan, so the staged model's capacity at k gains them (its budget_extra). Zeros with
     pinned tensors (pin_params), whose capacity rows count the two apart."""
     out = np.zeros(len(graph.kernels), dtype=np.int64)
     if pinned or not hasattr(getattr(graph, "program", None), "kernel_nodes"):
