@@ -76,6 +76,50 @@ def test_asynchronous_hides_the_copies_under_kernels():
     assert q.meta.predicted_seconds == pytest.approx(6.2)
 
 
+@pytest.mark.parametrize("fixed", [0.0, 1e9])
+def test_the_chain_starts_no_stage_with_less_time_than_a_stage_costs_outside_its_solver(monkeypatch, fixed):
+    """With less of the limit left than the last stage spent building its model and
+    starting its solver (on a slower machine than this, or a larger model), the overlapping
+    model is not built: its start, the model charging copies in full, is the plan, with no
+    bound; with the time, all three models are solved."""
+    import autotm.planner as planner
+
+    g = chain_with_one_big_activation()
+    cm = cost_model(g, [1.0] * 6, overlap=True)
+    models = []
+    solve = planner.solve_staged
+
+    def spied(graph, cost, budget, **kw):
+        models.append((kw["formulation"], cost.async_overlap))
+        return solve(graph, cost, budget, **kw)
+    monkeypatch.setattr(planner, "solve_staged", spied)
+    monkeypatch.setattr(planner, "fixed_seconds", lambda wall, limit, stats: fixed)
+    p = plan(g, cm, 102, "asynchronous", arena=False)
+    validate(p, g)
+    assert p.planner == "asynchronous"
+    if fixed:
+        assert models == [("synchronous", True), ("asynchronous", False)]
+        assert p.meta.bound_seconds is None and p.meta.gap == 1.0 and p.meta.status == "Time limit reached"
+        assert "its start is the plan" in p.meta.warning
+        assert p.meta.objective_seconds == pytest.approx(simulate(p, g, cm).predicted_seconds)
+    else:
+        assert models == [("synchronous", True), ("asynchronous", False), ("asynchronous", True)]
+        assert p.meta.warning is None and p.meta.status == "Optimal"
+    assert p.meta.predicted_seconds == pytest.approx(6.0)  # (both hide the copies: the start is optimal here)
+
+
+def test_fixed_seconds_are_what_a_solve_spent_outside_its_limit():
+    from autotm.ir.plan_meta import SolverStats
+    from autotm.planner import fixed_seconds
+
+    def stats(solve):
+        return SolverStats(variables=1, binaries=1, rows=1, nonzeros=1, build_seconds=0.1, solve_seconds=solve,
+                           status="Optimal", gap=0.0, objective=1.0, bound=1.0)
+    assert fixed_seconds(3.0, 1.0, stats(2.5)) == pytest.approx(2.0)  # past its limit: all beyond it
+    assert fixed_seconds(3.0, 5.0, stats(2.5)) == pytest.approx(0.5)  # finished early: all beyond its solve
+    assert fixed_seconds(1.0, 5.0, stats(2.5)) == 0.0
+
+
 def test_a_synchronous_start_is_made_asynchronous_before_the_solver_runs(monkeypatch):
     # the start HiGHS gets is the synchronous plan with its copies moved under kernels where
     # they fit (warm_start.overlap_greedily): already the optimum here (the solver, watched, not replaced)
