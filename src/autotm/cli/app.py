@@ -6,10 +6,12 @@ one line and exit with status 2; `--debug` shows the traceback instead.
 
 from __future__ import annotations
 
+import atexit
 import json
+import os
 import sys
 import warnings
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -371,6 +373,20 @@ def _import_torch_holding_ctrl_c() -> None:
         raise KeyboardInterrupt
 
 
+def _exit_interrupted() -> NoReturn:
+    """One line, then status 130, not through sys.exit: after a Ctrl-C during capture,
+    `python -m autotm.cli` printed this line and still ended by SIGINT (status -2; strace:
+    the interpreter's own exit_sigint, SIG_DFL then kill itself, once main() had returned),
+    as CPython does when it holds a KeyboardInterrupt as unhandled. The atexit functions
+    (the tiers' cleanup) run as on a normal exit; what else the interpreter would finalize
+    a Ctrl-C does not wait for."""
+    err_console.print("interrupted (Ctrl-C)", highlight=False)
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
+
+
 def main() -> None:
     from ..errors import AutotmError
 
@@ -381,7 +397,7 @@ def main() -> None:
         # (without standalone mode click returns a typer.Exit's code instead of exiting)
         code = app(standalone_mode=False)
         if code == 130:  # (typer turns a Ctrl-C into this code, silently)
-            err_console.print("interrupted (Ctrl-C)", highlight=False)
+            _exit_interrupted()
         sys.exit(code if isinstance(code, int) else 0)
     except AutotmError as e:  # a user error: one line; anything else is a bug, with its traceback
         if _Options.debug:
@@ -391,16 +407,14 @@ def main() -> None:
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
-        err_console.print("interrupted (Ctrl-C)", highlight=False)
-        sys.exit(130)
+        _exit_interrupted()
     except Exception as e:
         # usage errors of the click that typer bundles: show them the usual way
         if hasattr(e, "show") and hasattr(e, "exit_code"):
             e.show()
             sys.exit(e.exit_code)
         if type(e).__name__ == "Abort":  # (click's form of a Ctrl-C)
-            err_console.print("interrupted (Ctrl-C)", highlight=False)
-            sys.exit(130)
+            _exit_interrupted()
         raise
 
 
