@@ -4,7 +4,7 @@ This module is THE definition of a plan's predicted iteration time. It walks the
 timeline of `autotm.plan` with `autotm.validate.PlanReplay` (so a plan the validator
 rejects is rejected here too) and charges, with c = cost_model:
 
-    T = T_in + sum_k [ S_k + H_k + max(K_k, A_k, K_k + I_k) + u_k W_k ] + T_out
+    T = T_in + sum_k [ S_k + R_k + H_k + max(K_k, A_k, K_k + I_k) + u_k W_k ] + T_out
 
     S_k  = sum over sync moves m at k of c.move_seconds(m.nbytes, dir(m), "sync")
            dir(evict) = "to_slow", dir(prefetch) = "to_fast", drop costs 0
@@ -34,6 +34,9 @@ rejects is rejected here too) and charges, with c = cost_model:
            a sync copy at k (S_k > 0), or an async copy m at k - 1 with
            c.move_seconds(m.nbytes, dir(m), "async") > K_{k-1} (CostModel.woken); else 0
     W_k  = c.wake_seconds[k]: what kernels k and k + 1 lose then (0 where not profiled)
+    R_k  = (staged access, a kernel that runs in pieces, ir/split.py) sum over its inputs
+           in slow memory of c.move_seconds(nbytes, "to_fast", "sync"): the pieces' reads
+           (counted in sync_move_seconds; they do not count as a wake: u_k is as above)
     T_in = sum over graph inputs that start slow and are not carried between iterations
            (the batch, per-iteration scalars) of c.move_seconds(nbytes, "to_slow", "sync")
            (the executor writes them to slow memory when it places the inputs)
@@ -45,7 +48,7 @@ rejects is rejected here too) and charges, with c = cost_model:
 
 `Simulation.kernel_seconds[k]` is max(K_k, A_k, K_k + I_k), the effective time of kernel k with its
 overlapping copies; `wake_seconds` is sum_k u_k W_k; `sync_move_seconds` is sum_k S_k + T_in + T_out; `async_host_seconds`
-is sum_k H_k. `fast_bytes[k]` is
+is sum_k H_k (sync_move_seconds includes sum_k R_k). `fast_bytes[k]` is
 the fast-tier bytes while kernel k runs (the validator's step-3 value).
 """
 
@@ -57,7 +60,7 @@ import numpy as np
 
 from ..ir.costmodel import CostModel, operand_tensors
 from ..ir.graph import TrainingGraph
-from ..ir.plan import Plan, PlanError
+from ..ir.plan import Plan, PlanError, plan_graph
 from .validate import Move, PlanReplay
 
 _DIRECTION = {"evict": "to_slow", "prefetch": "to_fast"}
@@ -116,6 +119,7 @@ def simulate(plan: Plan, graph: TrainingGraph, cost_model: CostModel) -> Simulat
     if direct and cm.access != "direct":
         raise PlanError(f"plan is for direct access but the cost model ({cm.memory_system}) is {cm.access}")
     n = len(graph.kernels)
+    graph = plan_graph(plan, graph)
     replay = PlanReplay(plan, graph, budget_bytes=None)
     eff = np.zeros(n)
     fast = np.zeros(n, dtype=np.int64)
@@ -138,6 +142,9 @@ def simulate(plan: Plan, graph: TrainingGraph, cost_model: CostModel) -> Simulat
     for step in replay:
         k = step.kernel
         s = sum(_move_seconds(cm, m, "sync") for m in step.sync_moves)
+        if not direct and step.slow_operands:  # a split kernel reads these piece by piece
+            s_reads = sum(cm.move_seconds(graph.tensors[t].nbytes, "to_fast", "sync") for t in step.slow_operands)
+            sync_total += s_reads
         copies = [(m.nbytes, _DIRECTION[m.action.kind]) for m in step.async_moves if m.action.kind in _DIRECTION]
         a = cm.async_seconds(copies)
         slowed = cm.async_interference_seconds(copies) if copies else 0.0

@@ -18,7 +18,8 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from ..ir.graph import TrainingGraph
-from ..ir.plan import ACCESS, KINDS, MODES, TIERS, Action, Plan, PlanError, check_plan_matches
+from ..ir.plan import ACCESS, KINDS, MODES, TIERS, Action, Plan, PlanError, check_plan_matches, plan_graph
+from ..ir.split import split_inputs
 
 # Tensor states in each tier.
 _NO, _YES, _IN_FLIGHT = 0, 1, 2  # fast: absent / resident / async prefetch in flight
@@ -81,6 +82,7 @@ def validate(plan: Plan, graph: TrainingGraph, *, budget_bytes: int | None = Non
     kernel, both in fast memory (replay.in_place_inputs), as the executor holds them;
     False counts the two apart (the staged planner with pinned tensors).
     """
+    graph = plan_graph(plan, graph)
     replay = PlanReplay(plan, graph, budget_bytes=budget_bytes, reserved_bytes=reserved_bytes, in_place=in_place)
     fast = np.zeros(len(graph.kernels), dtype=np.int64)
     steps = tuple(replay)
@@ -157,6 +159,7 @@ class PlanReplay:
     def __init__(self, plan: Plan, graph: TrainingGraph, *, budget_bytes: int | None = None,
                  reserved_bytes: Iterable[int] | None = None, in_place: bool = True) -> None:
         check_plan_matches(plan, graph)
+        graph = plan_graph(plan, graph)
         self.plan = plan
         self.graph = graph
         self.budget = plan.budget_bytes if budget_bytes is None else budget_bytes
@@ -331,6 +334,10 @@ class PlanReplay:
         taken_over: set[int] = set()  # dying inputs whose bytes an output of their last kernel holds
         budget = self.budget
         staged = self.staged
+        # per kernel, the inputs it may read from slow memory under staged access: those of
+        # a kernel that runs in pieces (ir/split.py)
+        split_reads = [frozenset(split_inputs(self.graph, k)) if kern.pieces > 1 else frozenset()
+                       for k, kern in enumerate(self.graph.kernels)]
         used = 0  # fast bytes now
 
         for k, kern in enumerate(g.kernels):
@@ -387,6 +394,10 @@ class PlanReplay:
                         continue
                     where = ("its async prefetch is still in flight" if fast[tid] == _IN_FLIGHT
                              else "it is in slow memory")
+                    if staged and verb == "reads" and tid in split_reads[k] and fast[tid] == _NO \
+                            and slow[tid] == _YES:
+                        slow_operands.append(tid)  # (read piece by piece from its slow copy)
+                        continue
                     if staged:
                         raise PlanError(f"{self._k(k)} {verb} {self._t(tid)}, which is not resident in fast memory "
                                         f"({where}; staged access needs every operand in fast memory)")

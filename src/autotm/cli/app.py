@@ -86,6 +86,10 @@ def graph(
     t.add_row("peak live bytes", f"{human_bytes(s['peak_live_bytes'])} at kernel {s['peak_kernel']} ({g.kernels[s['peak_kernel']].op})")
     for role, b in sorted(s["peak_live_bytes_by_role"].items(), key=lambda kv: -kv[1]):
         t.add_row(f"  at peak: {role}", human_bytes(b))
+    if g.splittable:
+        big = max(g.splittable, key=lambda k: g.tensors[g.kernels[k].outputs[0]].nbytes)
+        t.add_row("may run in pieces", f"{len(g.splittable):,} elementwise kernels, the largest {g.kernels[big].op} of "
+                  f"{human_bytes(g.tensors[g.kernels[big].outputs[0]].nbytes)} (where a budget needs it)")
     t.add_row("capture seconds", f"{s['capture_seconds']:.2f}")
     console.print(t)
 
@@ -193,6 +197,7 @@ def _plan_summary(p) -> dict:
         "requested_budget_bytes": m.requested_budget_bytes, "arena_bytes": m.arena_bytes,
         "arena_fits": m.arena_fits, "defrag_retries": m.defrag_retries,
         "warning": m.warning, "fits_budget": m.fits_budget,
+        "split": [list(kp) for kp in p.split],  # (kernel, pieces): kernels run in pieces
     }
 
 
@@ -241,6 +246,10 @@ def plan(
                   f"{human_bytes(s['requested_budget_bytes'] or 0)} requested"
                   f" ({s['defrag_retries']} defrag re-solve{'' if s['defrag_retries'] == 1 else 's'})" + ("" if s["arena_fits"] in (None, True) else " [red]does not fit[/red]"))
     t.add_row("moves", f"{s['moves']} ({human_bytes(s['bytes_to_slow'])} to slow, {human_bytes(s['bytes_to_fast'])} to fast)")
+    if p.split:
+        ops = sorted({graph.kernels[k].op for k, _ in p.split})
+        t.add_row("kernels in pieces", f"{len(p.split)} ({', '.join(ops)}; up to {max(n for _, n in p.split)} pieces, "
+                  "inputs read from slow memory a piece at a time)")
     if s["warning"]:
         t.add_row("warning", str(s["warning"]))
     if output:

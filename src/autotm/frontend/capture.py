@@ -28,6 +28,7 @@ from .joint_export import export_joint
 from .module_names import annotate_modules, module_of, recording_module_spans
 from .optim_lowering import OptimizerLowering, derived, lower_optimizer, used_names
 from .rnn import distinct_bias_gradients, train_rnn_layers
+from .split_probe import with_splittable
 
 # Ops that return an alias of an input although their schema does not say so (unsafe_split:
 # the C++ GRU cell's unsafe_chunk, whose chunks it then writes in place).
@@ -424,9 +425,9 @@ def capture(
                    name=name, fake=fake, t0=t0, batch_size=int(batch[0].shape[0]) if batch[0].dim() else 0,
                    parameters=sum(state_model[n].numel() for n in sig_params))
     index = {node: k for k, node in enumerate(graph.program.kernel_nodes)}
-    graph.program.hyper_args = [(index[node], where, gi, nm) for node, where, gi, nm in hyper_nodes]
+    graph.program.hyper_args = [(index[nd], where, gi, nm) for nd, where, gi, nm in hyper_nodes]
     check(graph)
-    return graph
+    return with_splittable(graph)
 
 
 def _bind_hyperparameters(gm: fx.GraphModule, traced: OptimizerLowering, lowering: OptimizerLowering,

@@ -9,7 +9,7 @@ be swapped for a moved copy), runs the ATen op, and frees every tensor after its
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 import torch.fx as fx
@@ -207,7 +207,7 @@ def reuse_table(graph: TrainingGraph) -> list[Reuse | None]:
     p = graph.program
     cached = getattr(p, "reuse", None)
     if cached is not None and len(cached) == len(p.kernel_nodes):
-        return list(cached)
+        return _apart_in_pieces(graph, cached)
     table: list[Reuse | None] = []
     for k, node in enumerate(p.kernel_nodes):
         entry = None
@@ -239,7 +239,14 @@ def reuse_table(graph: TrainingGraph) -> list[Reuse | None]:
         table.append(entry)
     if hasattr(p, "reuse"):
         p.reuse = tuple(table)
-    return table
+    return _apart_in_pieces(graph, table)
+
+
+def _apart_in_pieces(graph: TrainingGraph, table: Sequence[Reuse | None]) -> list[Reuse | None]:
+    """A kernel that runs in pieces (ir/split.py) makes its output apart from its inputs,
+    which may be in slow memory (the table is cached on the program, which split and
+    unsplit graphs share)."""
+    return [None if graph.kernels[k].pieces > 1 else r for k, r in enumerate(table)]
 
 
 def in_place_inputs(graph: TrainingGraph) -> tuple[int | None, ...]:

@@ -67,6 +67,7 @@ class Kernel:
     module: str  # the nn.Module the op came from ("" when unknown)
     phase: str  # "forward", "backward" or "optimizer"
     node: str = field(default="", compare=False)  # name of its fx node
+    pieces: int = 1  # > 1: runs in pieces over its flat index (ir/split.py)
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,6 +85,7 @@ class TrainingGraph:
     program: Any = field(repr=False)
     capture_seconds: float = 0.0
     fake: bool = False
+    splittable: frozenset[int] = frozenset()  # kernels that may run in pieces (ir/split.py)
 
     # ---- liveness -------------------------------------------------------------------
     @cached_property
@@ -125,7 +127,8 @@ class TrainingGraph:
 
     @cached_property
     def fingerprint(self) -> str:
-        """A hash of everything a plan depends on: kernels, their operands and tensor sizes."""
+        """A hash of everything a plan depends on: kernels, their operands and tensor sizes
+        (not how kernels are split: a plan records that itself, Plan.split)."""
         h = hashlib.sha256()
         for k in self.kernels:
             h.update(f"{k.signature}|{k.inputs}|{k.outputs};".encode())
@@ -150,6 +153,7 @@ class TrainingGraph:
             "peak_live_bytes_by_role": self.live_bytes_by_role(),
             "total_bytes_by_role": self.bytes_by_role(),
             "flops": int(sum(k.flops for k in self.kernels)),
+            "splittable_kernels": len(self.splittable),  # (may run in pieces: ir/split.py)
             "capture_seconds": round(self.capture_seconds, 3),
             "fake": self.fake,
         }

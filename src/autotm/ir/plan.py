@@ -64,8 +64,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Literal, NoReturn
 
+from ..errors import GraphError
 from ..errors import PlanError as PlanError  # (re-exported: it was defined here)
 from .graph import Role, TrainingGraph
+from .split import with_pieces
 from .plan_meta import PlanMeta
 
 PLAN_VERSION = 1
@@ -117,6 +119,8 @@ class Plan:
     # size of one fast-memory arena holding every fast residency at its offset
     # (TensorPlan.offsets); None: no static layout (the runtime allocates)
     arena_bytes: int | None = None
+    # (kernel, pieces) of the kernels that run in pieces (ir/split.py), in kernel order
+    split: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.meta, dict):  # (plan files and hand-written plans of older versions)
@@ -140,6 +144,7 @@ class Plan:
             "planner": self.planner,
             "meta": self.meta.to_json(),
             **({"arena_bytes": self.arena_bytes} if self.arena_bytes is not None else {}),
+            **({"split": [list(kp) for kp in self.split]} if self.split else {}),
             "tensors": [_tensor_plan_to_dict(tp) for tp in self.tensors],
         }
 
@@ -193,6 +198,9 @@ class Plan:
         arena = d.get("arena_bytes")  # optional: plans without an arena layout omit it
         r.expect(arena is None or (_is_int(arena) and arena >= 0), "arena_bytes",
                  "must be a non-negative integer or null")
+        split = d.get("split", [])  # optional: plans that split no kernel omit it
+        r.expect(isinstance(split, list) and all(isinstance(kp, list) and len(kp) == 2 and all(
+            _is_int(x) and x >= 0 for x in kp) for kp in split), "split", "must be a list of [kernel, pieces] pairs")
         raw_tensors = r.get(d, "tensors")
         r.expect(isinstance(raw_tensors, list), "tensors", "must be a list")
         tensors = []
@@ -217,7 +225,8 @@ class Plan:
         return cls(version=version, graph_name=r.string(d, "graph_name"),
                    graph_fingerprint=r.string(d, "graph_fingerprint"), memory_system=r.string(d, "memory_system"),
                    access=access, budget_bytes=budget, planner=r.string(d, "planner"),
-                   tensors=tuple(tensors), meta=PlanMeta.from_json(meta), arena_bytes=arena)
+                   tensors=tuple(tensors), meta=PlanMeta.from_json(meta), arena_bytes=arena,
+                   split=tuple((int(k), int(n)) for k, n in split))
 
 
 def _tensor_plan_to_dict(tp: TensorPlan) -> dict[str, Any]:
@@ -286,11 +295,30 @@ def check_plan_matches(plan: Plan, graph: TrainingGraph) -> None:
     """
     if plan.version != PLAN_VERSION:
         raise PlanError(_version_message(plan.version))
+    graph = plan_graph(plan, graph)
     if plan.graph_fingerprint != graph.fingerprint:
         raise PlanError(
             f"plan was made for graph {plan.graph_name} (fingerprint {plan.graph_fingerprint}), "
             f"not for {graph.name} (fingerprint {graph.fingerprint})"
         )
+
+
+def plan_graph(plan: Plan, graph: TrainingGraph) -> TrainingGraph:
+    """`graph` with the plan's kernels split as it records (ir/split.py); PlanError for a
+    split of a kernel that cannot run in pieces, or of a kernel the graph lacks. (A plan
+    that records no split takes the graph as it is: the planner's own, split, graphs.)"""
+    if not plan.split:
+        return graph
+    n = len(graph.kernels)
+    for k, pieces in plan.split:
+        if not 0 <= k < n or pieces < 2:
+            raise PlanError(f"plan splits kernel {k} into {pieces} pieces: the graph has kernels 0..{n - 1}, "
+                            "and a split kernel runs in 2 pieces or more")
+    want = dict(plan.split)
+    try:
+        return with_pieces(graph, {kn.index: want.get(kn.index, 1) for kn in graph.kernels})
+    except GraphError as e:
+        raise PlanError(f"the plan's split is malformed: {e}") from None
 
 
 # ---- hand-written plans ---------------------------------------------------------------

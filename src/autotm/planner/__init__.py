@@ -16,7 +16,8 @@ from typing import Any
 from ..ir.budget import is_minimum, parse_budget
 from ..ir.costmodel import CostModel
 from ..ir.graph import TrainingGraph
-from ..ir.plan import Plan
+from ..ir.plan import Plan, plan_graph
+from ..ir.split import split_of
 from ..checks.simulate import simulate
 from ..checks.validate import validate
 from ..ir.layout import PAGE
@@ -25,6 +26,7 @@ from .baselines import all_fast, first_touch_plan, lru_plan
 from .direct import solve_direct
 from .floor import Floor, accounting, smallest_feasible, tightest_staged_plan
 from .staged import default_min_tensor_bytes, min_tensor_bytes_for, solve_staged, staged_extra
+from .splitting import bounce, may_split, split_floor, split_for_budget, with_bounce
 from .static import all_slow_plan, first_touch_direct_plan, solve_static
 from ..errors import InfeasibleBudget, InputError
 from ..ir.plan_meta import PlanMeta, SolverStats
@@ -48,7 +50,11 @@ def smallest_feasible_budget(graph: TrainingGraph, cost_model: CostModel, formul
     if formulation == "all-fast":
         held = graph.live_bytes - acc.extra if acc.extra is not None else graph.live_bytes
         return Floor(int((held + acc.workspace).max()) if len(held) else 0, None, "all-fast's peak")
-    return smallest_feasible(graph, formulation, cost_model.access, acc, cost_model.memory_system)
+    floor = smallest_feasible(graph, formulation, cost_model.access, acc, cost_model.memory_system)
+    if may_split(graph, formulation, cost_model.access, cost_model.memory_system, acc):
+        floor = min(floor, split_floor(graph, formulation, acc.workspace, cost_model.memory_system)[0],
+                    key=lambda f: f.bytes)
+    return floor
 
 
 def plan(graph: TrainingGraph, cost_model: CostModel, budget: object, formulation: str = "asynchronous", *,
@@ -112,12 +118,22 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget: object, formulatio
     # under it fails here, before any solve, naming what needs it
     floor = (Floor(base, None, "") if formulation == "all-fast"
              else smallest_feasible(graph, formulation, cost_model.access, acc, ms))
+    wanted = None if budget is None or is_minimum(budget) else parse_budget(budget, base)
+    whole_floor = floor.bytes
+    splits = may_split(graph, formulation, cost_model.access, ms, acc)
+    if splits and (wanted is None or wanted < floor.bytes):
+        # kernels that run in pieces (ir/split.py) lower the floor where they hold the most
+        floor = min(floor, split_floor(graph, formulation, workspace, ms)[0], key=lambda f: f.bytes)
     if budget is None and formulation == "all-fast" or is_minimum(budget):
         budget_bytes = floor.bytes
     else:
         budget_bytes = parse_budget(budget, base)
     if budget_bytes < floor.bytes and formulation != "all-fast":
         raise InfeasibleBudget(budget_bytes, floor.bytes, floor.what, formulation)
+    if splits and budget_bytes < whole_floor:
+        graph = split_for_budget(graph, formulation, workspace, ms, budget_bytes)
+        acc = with_bounce(graph, workspace)
+        pinned, extra, workspace, solver_extra = acc.pinned, acc.extra, acc.workspace, acc.solver_extra
     validation_budget = budget_bytes + acc.flat_extra
     limit = None if formulation in ("all-fast", "all-slow") else validation_budget
     opts: dict[str, Any] = dict(window=window, time_limit=time_limit, mip_gap=mip_gap, pinned=pinned, extra=solver_extra,
@@ -125,7 +141,7 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget: object, formulatio
                 warm_start=warm_start and not pin_params, threads=threads, verbose=verbose)
 
     def described(p: Plan, meta: PlanMeta, cut: int, retry: int, polish: bool) -> Plan:
-        p = dataclasses.replace(p, budget_bytes=limit, memory_system=ms)
+        p = dataclasses.replace(p, budget_bytes=limit, memory_system=ms, split=split_of(graph))
         report = validate(p, graph, reserved_bytes=workspace if limit is not None and workspace.any() else None)
         sim = simulate(p, graph, cost_model)
         meta = dataclasses.replace(
@@ -269,7 +285,8 @@ def laid_out(plan: Plan, graph: TrainingGraph, cost_model: CostModel) -> Plan:
     """`plan` with its arena layout (arena.with_arena) as the executor follows it on
     `cost_model`'s memory system: large blocks page-aligned on cpu+file, each kernel's
     profiled workspace kept free."""
-    workspace = cost_model.workspace(len(graph.kernels))
+    graph = plan_graph(plan, graph)
+    workspace = cost_model.workspace(len(graph.kernels)) + bounce(graph)
     return with_arena(plan, graph, large_alignment=large_block_alignment(cost_model.memory_system),
                       workspace=workspace if workspace.any() else None)
 

@@ -9,7 +9,9 @@ import numpy as np
 from ..ir.costmodel import CostModel
 from ..ir.graph import TrainingGraph
 from ..ir.plan import Action, Plan, TensorPlan
+from ..ir.split import split_of
 from .model import DirectTensor, SegVars, StagedLayout
+from .segments import STARTS_SLOW
 
 
 def on(x: np.ndarray, col: int) -> bool:
@@ -20,7 +22,7 @@ def on(x: np.ndarray, col: int) -> bool:
 def _plan(graph: TrainingGraph, cost: CostModel, budget: int, formulation: str, access: Literal["staged", "direct"],
           tensors: tuple[TensorPlan, ...]) -> Plan:
     return Plan(version=1, graph_name=graph.name, graph_fingerprint=graph.fingerprint, memory_system=cost.memory_system,
-                access=access, budget_bytes=int(budget), planner=formulation, tensors=tensors)
+                access=access, budget_bytes=int(budget), planner=formulation, tensors=tensors, split=split_of(graph))
 
 
 def decode_staged(graph: TrainingGraph, cost: CostModel, budget: int, formulation: str, x: np.ndarray,
@@ -33,8 +35,8 @@ def decode_staged(graph: TrainingGraph, cost: CostModel, budget: int, formulatio
             initial[tid] = "slow" if on(x, layout.start_slow.get(tid, -1)) else "fast"
             actions[tid] = []
         seg, acts = sv.seg, actions[tid]
-        if seg.kind == "initial":
-            if initial[tid] == "slow":
+        if seg.kind in STARTS_SLOW:
+            if initial[tid] == "slow" and seg.kind == "initial":
                 acts.append(_prefetch(sv, x, seg.end + 1))
             continue
         if on(x, sv.wA):

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..ir.costmodel import CostModel
 from .model import FEASIBILITY_TOL, SCALE, Block, RowKey, RowList, StagedLayout, Vars
+from .segments import NO_PREFETCH, STARTS_SLOW
 
 # (column, seconds of the whole copy, its marginal seconds beside others, interference share)
 AsyncTerm = tuple[int, float, float, float]
@@ -54,13 +55,13 @@ def evict_choice(segments: Iterable[Moves]) -> Block:
 
 
 def prefetch_choice(layout: StagedLayout) -> Block:
-    """Prefetch choice, per segment g that ends in a use:
+    """Prefetch choice, per segment g that ends in a use (not a final or tail segment):
         pS[g] + sum_p pE[g,p] + sum_c pX[g,c] - a[g] = 0,  a[g] = wA[g] + dA[g]   (gaps)
         pS[g] + sum_p pE[g,p] + sum_c pX[g,c] - st[t] = 0                         (initial)
     (t absent in g comes back once, before the use after g)."""
     r = RowList("prefetch choice")
     for (tid, _), sv in layout.seg_vars.items():
-        if sv.seg.kind == "final":
+        if sv.seg.kind in NO_PREFETCH:
             continue
         absent = [layout.start_slow[tid]] if sv.seg.kind == "initial" else [sv.wA, sv.dA]
         r.ones([sv.pS, *sv.pE.values(), *sv.pX.values()], 0.0, 0.0, minus=absent, key=sv.row_key(r.family))
@@ -135,7 +136,7 @@ def staged_intervals(layout: StagedLayout) -> list[Interval]:
             iv.append((j0, j1, col, coef))
     for (tid, _), sv in layout.seg_vars.items():
         s, lo, hi = sv.nbytes, sv.seg.start, sv.seg.end
-        if sv.seg.kind == "initial":
+        if sv.seg.kind in STARTS_SLOW:
             add(lo, hi, layout.start_slow[tid], -s)
         else:
             for e, col in sv.wL.items():
@@ -150,6 +151,37 @@ def staged_intervals(layout: StagedLayout) -> list[Interval]:
         for c, col in sv.pX.items():
             add(c, hi, col, s)
     return iv
+
+
+def piece_reads(V: Vars, layout: StagedLayout, reads: dict[int, frozenset[int]], cost: CostModel) -> None:
+    """Piece reads (no rows: costs), at each kernel k that runs in pieces (ir/split.py) and
+    each input t of it that may be absent there, inside a segment g of t:
+        + m(s, to_fast, sync) * (1 - R[t,k])
+    with R[t,k] as in staged_intervals (1 - R = a[g] - the copies that have t in fast
+    memory at k; st[t] - ... in an initial segment): k reads t piece by piece from its
+    slow copy where t is absent (simulate's R_k). No async prefetch lands on k itself
+    (staged_columns): the kernel cannot read a tensor in flight."""
+    for (tid, _), sv in layout.seg_vars.items():
+        lo, hi = sv.seg.start, sv.seg.end
+        for k in (k for k, ts in reads.items() if lo <= k <= hi and tid in ts):
+            r = cost.move_seconds(sv.nbytes, "to_fast", "sync")
+            if sv.seg.kind in STARTS_SLOW:
+                V.add_cost(layout.start_slow[tid], r)
+            else:
+                V.add_cost(sv.wA, r)
+                V.add_cost(sv.dA, r)
+                for c, col in sv.wX.items():
+                    if c >= k:
+                        V.add_cost(col, -r)
+                for e, col in sv.wL.items():
+                    if e > k:
+                        V.add_cost(col, -r)
+            for p, col in sv.pE.items():
+                if p <= k:
+                    V.add_cost(col, -r)
+            for c, col in sv.pX.items():
+                if c <= k:
+                    V.add_cost(col, -r)
 
 
 @dataclass
@@ -287,12 +319,12 @@ def staged_idle_links(layout: StagedLayout, cost: CostModel, T: np.ndarray, n: i
     for sv in layout.seg_vars.values():
         s, lo, hi = sv.nbytes, sv.seg.start, sv.seg.end
         r_async = cost.move_seconds(s, "to_fast", "async")
-        if sv.seg.kind != "initial":
+        if sv.seg.kind not in STARTS_SLOW:
             if not sv.empty:
                 links.append((sv.wS, lo))
             links += [(col, e) for e, col in sv.wL.items()]
             after(sv.wX, cost.move_seconds(s, "to_slow", "async"))
-        if sv.seg.kind != "final":
+        if sv.seg.kind not in NO_PREFETCH:
             links.append((sv.pS, hi + 1))
             links += [(col, p) for p, col in sv.pE.items()]
             after(sv.pX, r_async)

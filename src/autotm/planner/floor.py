@@ -32,6 +32,7 @@ import numpy as np
 from ..errors import InfeasibleBudget
 from ..ir.graph import Role, TrainingGraph
 from ..ir.plan import Action, Plan, TensorPlan
+from ..ir.split import split_of
 from .segments import carried_pairs, tensor_segments
 from .model import movable
 
@@ -99,15 +100,17 @@ def smallest_feasible(graph: TrainingGraph, formulation: str, access: str, acc: 
 
             p = tightest_first_touch(graph, memory_system)
             need = np.maximum(need, validate(p, graph, budget_bytes=2**62).fast_bytes + ws)
-        return _at_peak(graph, need - acc.flat_extra, ws, "first-touch placement with its staged copies at "
-                        if formulation == "first-touch" else "", shared=shared)
+        f = _at_peak(graph, need - acc.flat_extra, ws, "first-touch placement with its staged copies at "
+                     if formulation == "first-touch" else "", shared=shared)
+        return Floor(f.bytes, f.kernel, f.what + whole_because(graph, f.kernel, formulation))
     if access == "staged":
         p = tightest_staged_plan(graph, acc.pinned, memory_system)
         from ..checks.validate import validate
 
         held = validate(p, graph, budget_bytes=2**62, in_place=not acc.pinned).fast_bytes
-        return _at_peak(graph, held - (acc.solver_extra if acc.solver_extra is not None else 0), ws, "",
-                        shared=in_place_bytes(graph, acc.pinned))
+        f = _at_peak(graph, held - (acc.solver_extra if acc.solver_extra is not None else 0), ws, "",
+                     shared=in_place_bytes(graph, acc.pinned))
+        return Floor(f.bytes, f.kernel, f.what + whole_because(graph, f.kernel, formulation))
     if formulation == "first-touch":
         fixed = must_stay_fast(graph, frozenset())
         return _at_peak(graph, fixed + ws - acc.flat_extra, ws, "", direct=True)
@@ -156,6 +159,11 @@ def check_before_profile(graph: TrainingGraph, budget: object, formulation: str,
         return
     ws = np.zeros(len(graph.kernels), dtype=np.int64) if workspace is None else np.asarray(workspace, np.int64)
     floor = smallest_feasible(graph, formulation, access, accounting(graph, ws))
+    from .splitting import SPLIT_FORMULATIONS, split_floor
+
+    if formulation in SPLIT_FORMULATIONS and access == "staged" and graph.splittable:
+        # (kernels may run in pieces: plan() does so on a memory system that reads ranges)
+        floor = min(floor, split_floor(graph, formulation, ws, "cpu+file")[0], key=lambda f: f.bytes)
     peak = int((graph.live_bytes + ws).max())
     if is_ratio(budget):
         r = parse_ratio(str(budget))
@@ -181,7 +189,9 @@ def _at_peak(graph: TrainingGraph, need: np.ndarray, ws: np.ndarray, prefix: str
         return Floor(max(0, int(need[k])), k, prefix + what)
     over = int(shared[k]) if shared is not None else 0
     what = kernel_needs(graph, k, int(ws[k]), over)
-    rest = int(need[k]) - (int(operand_bytes(graph)[k]) - over) - int(ws[k])
+    held = (graph.tensors[graph.kernels[k].outputs[0]].nbytes if graph.kernels[k].pieces > 1
+            else int(operand_bytes(graph)[k]) - over)  # (a split kernel's inputs may all be slow)
+    rest = int(need[k]) - held - int(ws[k])
     if rest >= 2**16:  # (the batch and the loss between their uses, tensors too small to move, ...)
         what += f", and {_mb(rest)} of other tensors that stay fast there"
     return Floor(max(0, int(need[k])), k, prefix + what)
@@ -252,6 +262,12 @@ def kernel_needs(graph: TrainingGraph, k: int, workspace: int, in_place: int = 0
     kern = graph.kernels[k]
     ops = [graph.tensors[t] for t in dict.fromkeys(kern.inputs + kern.outputs)]
     total = sum(t.nbytes for t in ops) - in_place
+    if kern.pieces > 1:
+        where = f" in `{kern.module}`" if kern.module else ""
+        out = graph.tensors[kern.outputs[0]].nbytes
+        return (f"kernel {k} ({kern.op}{where}) in {kern.pieces} pieces, its inputs read from slow memory a piece "
+                f"at a time: its output ({_mb(out)}) and workspace ({_mb(workspace)}, one piece of each input "
+                "included)")
     # the parameter an update is for: its own state key, or its optimizer state's
     # ("opt:layer4.0.conv2.weight:momentum_buffer")
     params = sorted({p for t in ops if t.state_key and (p := _parameter_of(t.state_key)) is not None})
@@ -282,6 +298,20 @@ def kernel_needs(graph: TrainingGraph, k: int, workspace: int, in_place: int = 0
     return what
 
 
+def whole_because(graph: TrainingGraph, k: int | None, formulation: str) -> str:
+    """Why kernel k runs whole, for a floor it sets under staged access ("" if it does not)."""
+    if k is None or graph.kernels[k].pieces > 1:
+        return ""
+    from ..ir.split import split_blocker
+
+    if k in graph.splittable:
+        return ("" if formulation in ("synchronous", "asynchronous")
+                else f"; {formulation} runs every kernel whole (the synchronous and asynchronous planners run "
+                     "such a kernel in pieces)")
+    why = split_blocker(graph, k) or "its pieces did not give the same bits as the whole kernel on this machine"
+    return f"; it cannot run in pieces: {why}"
+
+
 def _parameter_of(state_key: str) -> str | None:
     kind, _, rest = state_key.partition(":")
     if kind == "param":
@@ -309,6 +339,9 @@ def tightest_staged_plan(graph: TrainingGraph, pinned: frozenset[int] = frozense
         acts: list[Action] = []
         has_copy = ts.carried_input
         for seg in ts.segments:
+            if seg.kind == "streamed":  # (read in pieces only: it stays slow)
+                initial[ts.tensor] = "slow"
+                continue
             if seg.kind == "initial":
                 initial[ts.tensor] = "slow"
                 acts.append(Action("prefetch", seg.end + 1, "sync"))
@@ -322,7 +355,7 @@ def tightest_staged_plan(graph: TrainingGraph, pinned: frozenset[int] = frozense
         actions[ts.tensor] = acts
     tensors = tuple(TensorPlan(t.id, initial.get(t.id, "fast"), tuple(actions.get(t.id, ()))) for t in graph.tensors)
     return Plan(version=1, graph_name=graph.name, graph_fingerprint=graph.fingerprint, memory_system=memory_system,
-                access="staged", budget_bytes=None, planner="tightest", tensors=tensors)
+                access="staged", budget_bytes=None, planner="tightest", tensors=tensors, split=split_of(graph))
 
 
 def tightest_direct_plan(graph: TrainingGraph, pinned: frozenset[int] = frozenset(),

@@ -242,7 +242,7 @@ class StagedLayout:
     carried_output_of: dict[int, int]  # tensor -> the input whose tier it ends in
 
 
-def async_candidates(kernels: range, T: np.ndarray, copy_seconds: float, limit: int) -> list[int]:
+def async_candidates(kernels: Sequence[int], T: np.ndarray, copy_seconds: float, limit: int) -> list[int]:
     """Kernels of a window worth overlapping a copy with: the `limit` longest ones, and only
     those at least a quarter as long as the copy (a copy over a shorter kernel mostly adds
     its own time, which a sync move costs too). Fewer candidates, much faster solves."""
@@ -254,7 +254,7 @@ def async_candidates(kernels: range, T: np.ndarray, copy_seconds: float, limit: 
     return sorted(good or ks[:1])
 
 
-def add_async_copies(V: Vars, kernels: range, T: np.ndarray, copy_seconds: float, host_seconds: float,
+def add_async_copies(V: Vars, kernels: Sequence[int], T: np.ndarray, copy_seconds: float, host_seconds: float,
                      limit: int) -> dict[int, int]:
     """One column per async candidate kernel in `kernels` (async_candidates), costing the
     issuing thread's own `host_seconds`: kernel -> column."""

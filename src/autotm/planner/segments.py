@@ -8,6 +8,13 @@ weight, buffer or optimizer state) may also start the iteration in slow memory (
 after its last use (its *final* segment u_m+1..K-1), so that the next iteration finds it
 where this one started it. The batch, scalars, constants and the loss stay in fast memory
 outside their uses, as do tensors too small to be worth moving.
+
+A kernel that runs in pieces (ir/split.py) reads its inputs from slow memory piece by
+piece where they are there: it is no use that needs them fast, so a segment may span it,
+and a tensor whose last such uses follow its last use in fast memory gets a *tail*
+segment up to them, after which it dies (no prefetch ends it). A carried input that only
+such kernels read has one *streamed* segment instead, up to its last read: it may start
+the iteration slow and stay there (its update replaces it).
 """
 
 from __future__ import annotations
@@ -15,14 +22,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir.graph import Role, Tensor, TrainingGraph
+from ..ir.split import split_inputs
 
 CARRIED = ("param:", "buffer:", "opt:")
+NO_PREFETCH = ("final", "tail", "streamed")  # segments that no use ends: nothing brings the tensor back
+STARTS_SLOW = ("initial", "streamed")  # segments a carried input may start in slow memory
 
 
 @dataclass(frozen=True)
 class Segment:
     tensor: int
-    kind: str  # "initial", "gap" or "final"
+    kind: str  # "initial", "gap", "final", "tail" or "streamed"
     start: int  # first interior kernel
     end: int  # last interior kernel (end < start: empty interior)
     index: int  # position among the tensor's segments
@@ -63,13 +73,21 @@ def tensor_segments(graph: TrainingGraph, *, min_bytes: int = 0, pinned: frozens
     # an input its final segment would be movable in name only, and minimum_budget, which
     # counts every segment's interior as free, would promise a budget no plan fits
     slow_starts = {tid for tid in carried_inputs if may_start_slow(graph.tensors[tid])}
+    reads_slow = piece_reads(graph)
     out = []
     for t in graph.tensors:
         if t.id in pinned or t.nbytes < max(min_bytes, 1):
             continue
-        uses = sorted(set(t.users) | ({t.producer} if t.producer is not None else set()))
-        if not uses:
+        all_uses = sorted(set(t.users) | ({t.producer} if t.producer is not None else set()))
+        if not all_uses:
             continue
+        uses = [u for u in all_uses if t.id not in reads_slow.get(u, ())]
+        if not uses and t.id in slow_starts:  # read in pieces only: it may stay slow for good
+            out.append(TensorSegments(t.id, t.nbytes, tuple(all_uses), (Segment(t.id, "streamed", 0, all_uses[-1], 0),),
+                                      carried_input=True, carried_output_of=pairs.get(t.id)))
+            continue
+        # (any other tensor only ever read in pieces keeps its first such use as one in fast memory)
+        uses = uses or all_uses[:1]
         segs: list[Segment] = []
         if t.producer is None and t.id in carried_inputs and t.role in (Role.WEIGHT, Role.BUFFER, Role.OPTIMIZER_STATE):
             segs.append(Segment(t.id, "initial", 0, uses[0] - 1, len(segs)))
@@ -78,8 +96,16 @@ def tensor_segments(graph: TrainingGraph, *, min_bytes: int = 0, pinned: frozens
                 segs.append(Segment(t.id, "gap", a + 1, b - 1, len(segs)))
         if t.id in pairs and pairs[t.id] in slow_starts:
             segs.append(Segment(t.id, "final", uses[-1] + 1, n - 1, len(segs)))
+        elif all_uses[-1] > uses[-1]:
+            segs.append(Segment(t.id, "tail", uses[-1] + 1, all_uses[-1], len(segs)))
         if segs:
             out.append(TensorSegments(t.id, t.nbytes, tuple(uses), tuple(segs),
                                       carried_input=any(s.kind == "initial" for s in segs),
                                       carried_output_of=pairs.get(t.id)))
     return out
+
+
+def piece_reads(graph: TrainingGraph) -> dict[int, frozenset[int]]:
+    """Kernel -> the inputs it may read from slow memory: those of kernels that run in
+    pieces (ir/split.py)."""
+    return {kn.index: frozenset(split_inputs(graph, kn.index)) for kn in graph.kernels if kn.pieces > 1}

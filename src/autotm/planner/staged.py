@@ -52,10 +52,13 @@ Notation (one tensor t of size s_t, one movable segment g of it; see segments.py
          + sum_g (wS[g] + sum_e wL[g,e]) m(s, to_slow, sync) + sum_g (pS[g] + sum_p pE[g,p]) m(s, to_fast, sync)
          + sum_{g,c} wX[g,c] h(s, to_slow) + sum_{g,c} pX[g,c] h(s, to_fast)
          + sum_b W_b u[b]
+         + sum_{k in pieces, t read there} m(s_t, to_fast, sync) (1 - R[t,k])   (piece reads)
 
   where m(s, direction, mode) = latency + s / bandwidth from the cost model and h(s, dir)
   = CostModel.async_host_seconds, the issuing thread's own part of an async copy, and
-  W_b = CostModel.wake_seconds[b]. The synchronous formulation has no wX, pX, y. Bytes
+  W_b = CostModel.wake_seconds[b]. A kernel k that runs in pieces (ir/split.py) reads an
+  input t absent there from its slow copy, a piece at a time (segments.py: no use there
+  needs t fast); no async prefetch of t lands on k. The synchronous formulation has no wX, pX, y. Bytes
   are scaled to KiB inside the model only.
 
   wL and pE exist only where wakes are profiled (W not all zero): without wakes a sync copy
@@ -81,7 +84,7 @@ from .floor import in_place_bytes, solver_infeasible, tightest_staged_plan
 from .highs_driver import Solve, highs_model, is_feasible, solve_model, solver_stats
 from .model import MARGIN_BYTES, SCALE, Rows, SegVars, StagedLayout, Vars, add_async_copies, cheap_wakes, \
     sync_positions
-from .segments import TensorSegments, carried_pairs, tensor_segments
+from .segments import NO_PREFETCH, STARTS_SLOW, TensorSegments, carried_pairs, piece_reads, tensor_segments
 from .warm_start import overlap_greedily, staged_start
 
 
@@ -139,11 +142,14 @@ def minimum_budget(graph: TrainingGraph, segs: list[TensorSegments],
 
 
 def staged_columns(V: Vars, segs: list[TensorSegments], cost: CostModel, *, async_: bool, window: int,
-                   candidates: int, sync_candidates: int, warm_start: Plan | None) -> StagedLayout:
+                   candidates: int, sync_candidates: int, warm_start: Plan | None,
+                   reads: dict[int, frozenset[int]] | None = None) -> StagedLayout:
     """The move columns of every segment (SegVars), with their costs in the objective:
     sync copies m(s, dir, sync), async copies their host seconds h(s, dir); wL and pE only
     where wakes are profiled (model.cheap_wakes), wX and pX only in the asynchronous model
-    (model.async_candidates, within `window` of the copy's natural place)."""
+    (model.async_candidates, within `window` of the copy's natural place; a prefetch not
+    over a kernel in `reads` that reads the tensor in pieces, segments.piece_reads)."""
+    reads = reads or {}
     n = len(cost.kernel_seconds)
     T = np.asarray(cost.kernel_seconds, dtype=float)
     W = cost.wake(n)
@@ -165,25 +171,26 @@ def staged_columns(V: Vars, segs: list[TensorSegments], cost: CostModel, *, asyn
         for seg in ts.segments:
             sv = layout.seg_vars[(ts.tensor, seg.index)] = SegVars(seg, s)
             lo, hi = seg.start, seg.end
-            if seg.kind != "initial":
+            if seg.kind not in STARTS_SLOW:
                 sv.wA, sv.dA = V.one(), V.one()
                 sv.wS = V.one(w_sync)
                 if not sv.empty:  # (an empty final segment: the carry write, after the last kernel)
                     for e in elsewhere(range(lo + 1, hi + 1), lo, start_evicts.get(ts.tensor, set())):
                         sv.wL[e] = V.one(w_sync)
                     if async_:
-                        last = hi if seg.kind == "final" else hi - 1  # leave room for the prefetch
+                        last = hi if seg.kind in NO_PREFETCH else hi - 1  # leave room for the prefetch
                         sv.wX = add_async_copies(V, range(lo, min(lo + window - 1, last) + 1), T, w_async, w_host,
                                                  candidates)
-            if seg.kind == "final":
+            if seg.kind in NO_PREFETCH:
                 continue
             sv.pS = V.one(r_sync)
             first = lo if seg.kind == "initial" else lo + 1  # (not at lo: a sync evict or drop happens there)
             for p in elsewhere(range(first, hi + 1), hi + 1, start_prefetches.get(ts.tensor, set())):
                 sv.pE[p] = V.one(r_sync)
             if async_:
-                sv.pX = add_async_copies(V, range(max(first if seg.kind == "gap" else 0, hi + 1 - window), hi + 1),
-                                         T, r_async, r_host, candidates)
+                over = [c for c in range(max(first if seg.kind == "gap" else 0, hi + 1 - window), hi + 1)
+                        if ts.tensor not in reads.get(c, ())]  # (not over a kernel reading it in pieces)
+                sv.pX = add_async_copies(V, over, T, r_async, r_host, candidates)
     return layout
 
 
@@ -192,7 +199,7 @@ def _leaving(layout: StagedLayout) -> list[tuple[int, list[SegVars]]]:
     out: dict[int, tuple[int, list[SegVars]]] = {}
     for (tid, _), sv in layout.seg_vars.items():
         first, segs = out.setdefault(tid, (layout.start_slow.get(tid, -1), []))
-        if sv.seg.kind != "initial":
+        if sv.seg.kind not in STARTS_SLOW:
             segs.append(sv)
     return list(out.values())
 
@@ -236,11 +243,13 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     share_max = cost.interference_share()
 
     V, R = Vars(), Rows()
+    reads = piece_reads(graph)
     layout = staged_columns(V, segs, cost, async_=async_, window=window, candidates=candidates,
-                            sync_candidates=sync_candidates, warm_start=warm_start)
+                            sync_candidates=sync_candidates, warm_start=warm_start, reads=reads)
+    fam.piece_reads(V, layout, reads, cost)
     leaving = _leaving(layout)
     gaps = [sv for sv in layout.seg_vars.values() if sv.seg.kind == "gap"]
-    R.timed(lambda: fam.evict_choice(sv for sv in layout.seg_vars.values() if sv.seg.kind != "initial"))
+    R.timed(lambda: fam.evict_choice(sv for sv in layout.seg_vars.values() if sv.seg.kind not in STARTS_SLOW))
     R.timed(lambda: fam.prefetch_choice(layout))
     R.timed(lambda: fam.drop_needs_copy(leaving))
     R.timed(lambda: fam.one_write(leaving))

@@ -126,6 +126,9 @@ def staged_start(plan: Plan, n: int, seg_vars: dict[tuple[int, int], SegVars], s
             return None
         seg = sv.seg
         acts = [a for a in tp.actions if seg.start <= a.at <= seg.end + 1]
+        if seg.kind == "streamed":  # (read in pieces only: slow for good, or fast for good)
+            x[start_slow[tid]] = 1 if tp.initial == "slow" else 0
+            continue
         if seg.kind == "initial":
             if tp.initial == "slow" or tid in made_slow:
                 x[start_slow[tid]] = 1

@@ -40,12 +40,13 @@ from ..errors import AutotmError, BudgetExceeded, ReplayError, SessionFailed
 from ..interpret.replay import Replay, Reuse
 from ..ir.graph import TrainingGraph
 from ..ir.layout import LARGE_BLOCK_BYTES
-from ..ir.plan import Plan, check_plan_matches
+from ..ir.plan import Plan, check_plan_matches, plan_graph
 from ..tiers import cpu_arena
 from ..tiers.base import MemorySystem, SlowHandle
 from ..tiers.host_heap import keep_freed_memory, trim_heap
 from .arena_following import ArenaFollower
 from .host_memory import RSS_SLACK_BYTES, RssReader, rss_bytes
+from .pieces import PieceRunner
 from .interrupts import CtrlCBetweenKernels
 from .report import MoveRecord, RunReport
 
@@ -94,8 +95,9 @@ class Executor(Replay):
 
     def __init__(self, graph: TrainingGraph, plan: Plan, memory: MemorySystem, *, budget_bytes: int | None = None,
                  trim_memory: bool | None = None, use_arena: bool = True):
-        super().__init__(graph, device=memory.fast_device)
         check_plan_matches(plan, graph)
+        graph = plan_graph(plan, graph)  # (its kernels split as the plan runs them)
+        super().__init__(graph, device=memory.fast_device)
         if plan.access != memory.access:
             raise AutotmError(f"plan is for {plan.access} access but {memory.name} is {memory.access}")
         self.plan = plan
@@ -118,6 +120,7 @@ class Executor(Replay):
         self.cache_headroom = ([int(self.budget - b) for b in self.validation.fast_bytes]
                                if self._release_cache else [])
         self.kernels = self._compile()
+        self.pieces = {k: PieceRunner(graph, k, memory) for k, kn in enumerate(graph.kernels) if kn.pieces > 1}
         # bytes kernel k's outputs and the prefetches before it allocate in fast memory
         self.incoming = [sum(b for _, _, b, slow in kc.outputs if not slow) for kc in self.kernels]
         for s in self.steps:
@@ -371,6 +374,11 @@ class Executor(Replay):
         # kernel_times: the call alone, as the profiler times a kernel; building its
         # operands (operand_times) is the executor's work between kernels, as in the profile
         t0 = time.perf_counter()
+        pieces = self.pieces.get(k)
+        if pieces is not None and any(t not in env for t in pieces.split):  # inputs in slow memory
+            out = pieces.run(env, self.slow, lambda a: env[self.program.node_tensor[a]], self.device)
+            self.operand_times[k], self.kernel_times[k] = 0.0, time.perf_counter() - t0
+            return out
         args = ck.args()
         kwargs = ck.kwargs() if ck.kwargs is not None else {}
         r = ck.reuse

@@ -382,6 +382,15 @@ class MemorySystem(ABC):
         read and write in place; None for staged systems."""
         return None
 
+    def read_range(self, h: SlowHandle, start: int, stop: int, buf: Any) -> torch.Tensor:
+        """Bytes [start, stop) of `h`'s storage as a uint8 tensor, read into `buf`
+        (tiers.ranges.bounce_buffer) or, under direct access, a view of slow memory: how a
+        kernel that runs in pieces reads an input held in slow memory."""
+        view = self.slow_view(h)
+        if view is None:
+            raise TierError(f"{self.name} cannot read part of a slow tensor")
+        return storage_bytes(view)[start:stop]
+
     def alloc_slow(self, like: torch.Tensor | TensorLayout, key: int = -1
                    ) -> tuple[SlowHandle, torch.Tensor]:
         """Allocate slow memory laid out like `like` (a tensor, possibly on ``meta``, or a

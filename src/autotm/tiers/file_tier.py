@@ -58,6 +58,7 @@ from dataclasses import dataclass
 import torch
 
 from autotm.tiers import linux_aio
+from autotm.tiers.ranges import file_read_range
 from autotm.tiers.slow_dirs import ABANDONED_NEW_SECONDS, DIR_PREFIX, owned_private_dir, remove_orphaned_dirs  # noqa: F401  (re-exported)
 from autotm.tiers.base import (
     PAGE,
@@ -510,6 +511,9 @@ class FileMemorySystem(MemorySystem):
             self._cache.give(buf)
             raise
         return self._tensor_in(buf, ext, h)
+
+    def read_range(self, h: SlowHandle, start: int, stop: int, buf: mmap.mmap) -> torch.Tensor:
+        return file_read_range(self, h, start, stop, buf)
 
     def _tensor_in(self, buf: mmap.mmap, ext: Extent, h: SlowHandle) -> torch.Tensor:
         """The tensor of `h` over the read buffer `buf` (copied out of it when small)."""

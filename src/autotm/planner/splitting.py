@@ -1,0 +1,78 @@
+"""Which kernels a staged plan runs in pieces (ir/split.py), and the floor that gives.
+
+A kernel runs in pieces only where the budget needs it: where the tightest staged plan
+(floor.py) of the unsplit graph holds more than the budget, and splitting lowers what
+it holds there. Split, the kernel holds its output, its inputs still in fast memory,
+and one piece of each input (the bounce buffers, counted as its workspace). The floor
+with splits is the floor of the graph with every kernel split where that helps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.graph import TrainingGraph
+from ..ir.split import bounce_bytes, pieces_for, with_pieces
+from .floor import Accounting, Floor, accounting, smallest_feasible
+
+SPLIT_FORMULATIONS = ("synchronous", "asynchronous")
+
+
+def may_split(graph: TrainingGraph, formulation: str, access: str, memory_system: str, acc: Accounting) -> bool:
+    """Does this planner split kernels here? The staged ILP, on a memory system that can
+    read part of a slow tensor (cpu+file; simulated ones), without pinned tensors."""
+    return (bool(graph.splittable) and formulation in SPLIT_FORMULATIONS and access == "staged"
+            and not acc.pinned and (memory_system == "cpu+file" or memory_system.startswith("sim:")))
+
+
+def bounce(graph: TrainingGraph) -> np.ndarray:
+    """Per kernel, its bounce buffers' bytes (0 where it runs whole)."""
+    return np.asarray([bounce_bytes(graph, k) for k in range(len(graph.kernels))], dtype=np.int64)
+
+
+def with_bounce(graph: TrainingGraph, workspace: np.ndarray) -> Accounting:
+    """The accounting of a split graph: each kernel's workspace and its bounce buffers."""
+    return accounting(graph, np.asarray(workspace, dtype=np.int64) + bounce(graph))
+
+
+def _need(graph: TrainingGraph, acc: Accounting, memory_system: str) -> np.ndarray:
+    """Per kernel, what the tightest staged plan holds there with its workspace."""
+    from ..checks.validate import validate
+    from .floor import tightest_staged_plan
+
+    held = validate(tightest_staged_plan(graph, memory_system=memory_system), graph, budget_bytes=2**62).fast_bytes
+    return np.asarray(held + acc.workspace, dtype=np.int64)
+
+
+def helpful_splits(graph: TrainingGraph, formulation: str, workspace: np.ndarray,
+                   memory_system: str) -> tuple[dict[int, int], np.ndarray]:
+    """(kernel -> pieces) for every kernel whose split lowers what the tightest plan holds
+    there, and the unsplit graph's need per kernel."""
+    whole = _need(graph, accounting(graph, workspace), memory_system)
+    every = with_pieces(graph, {k: pieces_for(graph.tensors[graph.kernels[k].outputs[0]].nbytes)
+                                for k in graph.splittable})
+    split = _need(every, with_bounce(every, workspace), memory_system)
+    return {k: every.kernels[k].pieces for k in sorted(graph.splittable)
+            if every.kernels[k].pieces > 1 and split[k] < whole[k]}, whole
+
+
+def split_floor(graph: TrainingGraph, formulation: str, workspace: np.ndarray,
+                memory_system: str) -> tuple[Floor, TrainingGraph]:
+    """The floor of the staged ILP with kernels split where that helps, and that graph."""
+    helpful, _ = helpful_splits(graph, formulation, workspace, memory_system)
+    g = with_pieces(graph, helpful)
+    return smallest_feasible(g, formulation, "staged", with_bounce(g, workspace), memory_system), g
+
+
+def split_for_budget(graph: TrainingGraph, formulation: str, workspace: np.ndarray, memory_system: str,
+                     budget_bytes: int) -> TrainingGraph:
+    """`graph` with the kernels split that `budget_bytes` needs split: those of
+    helpful_splits whose unsplit need is over the budget (all of them, should that
+    selection still not fit)."""
+    helpful, whole = helpful_splits(graph, formulation, workspace, memory_system)
+    chosen = {k: p for k, p in helpful.items() if whole[k] > budget_bytes}
+    g = with_pieces(graph, chosen)
+    if not chosen or smallest_feasible(g, formulation, "staged", with_bounce(g, workspace),
+                                       memory_system).bytes <= budget_bytes:
+        return g
+    return with_pieces(graph, helpful)

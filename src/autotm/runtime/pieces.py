@@ -1,0 +1,99 @@
+"""Running a split kernel (ir/split.py) in pieces, its slow inputs read slice by slice.
+
+The output is made whole in fast memory; each piece reads the same byte range of every
+input, from fast memory where the input is there, else from its slow copy through a
+bounce buffer (MemorySystem.read_range), and writes that range of the output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from ..interpret.replay import _out_overload
+from ..ir.graph import TrainingGraph
+from ..ir.split import piece_bytes, piece_ranges, split_inputs
+from ..tiers.base import MemorySystem, SlowHandle
+from ..tiers.ranges import bounce_buffer
+
+
+def flat_storage(v: torch.Tensor, dtype: torch.dtype, numel: int) -> torch.Tensor:
+    """The whole storage of `v` as a flat tensor of `numel` elements of `dtype`."""
+    return torch.empty(0, dtype=dtype, device=v.device).set_(v.untyped_storage(), 0, (numel,), (1,))
+
+
+class PieceRunner:
+    """Runs kernel k of `graph` (pieces > 1) with its inputs where they are: `fast`
+    (tensor id -> storage value) or `slow` (tensor id -> handle on `memory`). Operands
+    that are not split inputs (0-dim scalars) come from `value_of(node)`. Bounce buffers
+    live for one run (kept, their pages would count against the budget between runs)."""
+
+    def __init__(self, graph: TrainingGraph, k: int, memory: MemorySystem) -> None:
+        kern = graph.kernels[k]
+        self.node: fx.Node = graph.program.kernel_nodes[k]
+        self.pieces = kern.pieces
+        self.memory = memory
+        out = self.node.meta["val"]
+        self.shape, self.dtype = tuple(out.shape), out.dtype
+        self.numel = out.numel()
+        self.nbytes = graph.tensors[kern.outputs[0]].nbytes
+        self.split = set(split_inputs(graph, k))
+        self.node_tensor = graph.program.node_tensor
+        self.out_overload = _out_overload(self.node.target)
+
+    def run(self, fast: Mapping[int, torch.Tensor], slow: Mapping[int, SlowHandle],
+            value_of: Callable[[fx.Node], Any], device: torch.device | None = None) -> torch.Tensor:
+        isz = torch.empty(0, dtype=self.dtype).element_size()
+        out = torch.empty(self.shape, dtype=self.dtype, device=device)
+        sources: dict[fx.Node, Any] = {}
+        buffers: dict[int, Any] = {}
+        try:
+            self._run(out.view(-1), sources, buffers, fast, slow, value_of, isz)
+        finally:
+            sources.clear()
+            for b in buffers.values():
+                with contextlib.suppress(BufferError):  # (a view still alive: the GC closes it)
+                    b.close()
+        return out
+
+    def _run(self, out_flat: torch.Tensor, sources: dict, buffers: dict, fast: Mapping[int, torch.Tensor],
+             slow: Mapping[int, SlowHandle], value_of: Callable[[fx.Node], Any], isz: int) -> None:
+        for a in self.node.all_input_nodes:
+            tid = self.node_tensor[a]
+            if tid in self.split and tid in fast:
+                sources[a] = ("fast", flat_storage(fast[tid], self.dtype, self.numel))
+            elif tid in self.split:
+                buffers[tid] = bounce_buffer(piece_bytes(self.nbytes, self.pieces))
+                sources[a] = ("slow", slow[tid])
+            else:
+                sources[a] = ("whole", value_of(a))
+        for start, stop in piece_ranges(self.nbytes, self.pieces):
+            if stop == start:
+                continue
+            lo, hi = start // isz, stop // isz
+            piece = {}
+            for a, (where, src) in sources.items():
+                if where == "fast":
+                    piece[a] = src[lo:hi]
+                elif where == "slow":
+                    tid = self.node_tensor[a]
+                    piece[a] = self.memory.read_range(src, start, stop, buffers[tid]).view(self.dtype)
+                else:
+                    piece[a] = src
+            self._call(piece, out_flat[lo:hi])
+
+    def _call(self, piece: dict[fx.Node, Any], out: torch.Tensor) -> None:
+        """One piece: the kernel on `piece`'s operands, into `out` (its views of the bounce
+        buffers die with this frame)."""
+        args: Any = fx.node.map_arg(self.node.args, piece.__getitem__)
+        kwargs: Any = dict(fx.node.map_arg(self.node.kwargs, piece.__getitem__))
+        if self.out_overload is not None:
+            op, name = self.out_overload
+            op(*args, **kwargs, **{name: out})
+        else:
+            target: Any = self.node.target
+            out.copy_(target(*args, **kwargs))

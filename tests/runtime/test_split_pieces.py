@@ -1,0 +1,154 @@
+"""Kernels that run in pieces (ir/split.py): which may, that their pieces give the bits
+of the whole kernel with inputs read from a real slow tier, and that training at a
+budget only pieces make feasible is bit-identical to eager PyTorch."""
+
+import copy
+
+import pytest
+import torch
+import torch.fx as fx
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import autotm
+from autotm.checks.validate import validate
+from autotm.frontend.capture import capture
+from autotm.frontend.split_probe import pieces_agree
+from autotm.interpret.replay import Replay, TrainingState
+from autotm.ir.split import split_blocker, split_inputs, with_pieces
+from autotm.planner.floor import accounting, smallest_feasible
+from autotm.profile import profile
+from autotm.runtime.pieces import PieceRunner
+from autotm.tiers import make_memory_system
+from eager_twin import compare_state, eager_step
+
+OPTIMIZERS = {
+    "sgd-momentum": lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4),
+    "adamw": lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3),
+}
+
+
+def wide_model():
+    """One wide layer (a 2 MiB weight): its update sets the smallest budget whole."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(256, 2048), nn.ReLU(), nn.Linear(2048, 8))
+
+
+def batches(n=3):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(2, 256, generator=g), torch.randint(0, 8, (2,), generator=g)) for _ in range(n)]
+
+
+def captured(optimizer):
+    m = wide_model()
+    return capture(m, nn.CrossEntropyLoss(), OPTIMIZERS[optimizer](m), batches()[0]), m
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_the_updates_may_run_in_pieces_and_the_matmuls_say_why_not(optimizer):
+    g, _ = captured(optimizer)
+    updates = [k.index for k in g.kernels if k.phase == "optimizer" and g.tensors[k.outputs[0]].nbytes > 4]
+    assert updates and set(updates) <= g.splittable
+    for k in g.kernels:
+        if "mm" in k.op:
+            assert k.index not in g.splittable
+            assert "not elementwise" in split_blocker(g, k.index)
+
+
+def _node(fn, n=10):
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["val"] = torch.empty(n)
+    y = graph.call_function(fn, (x,))
+    y.meta["val"] = torch.empty(n)
+    return y
+
+
+def _minus_mean(a):
+    return a - a.mean()
+
+
+def test_the_probe_refuses_a_kernel_whose_pieces_give_other_bits():
+    assert pieces_agree(_node(torch.ops.aten.sqrt.default))
+    assert not pieces_agree(_node(_minus_mean))  # (each piece would subtract its own mean)
+
+
+class _PiecesBesideWhole(Replay):
+    """Runs the iteration; at each split kernel also runs it in pieces, some inputs read
+    from the slow tier, and records whether every bit agrees with the whole kernel."""
+
+    def __init__(self, graph, pieces, slow_every, memory):
+        super().__init__(graph)
+        self.pieces, self.slow_every, self.memory = pieces, slow_every, memory
+        self.checked: dict[int, bool] = {}
+
+    def run_kernel(self, k):
+        if k in self.graph.splittable:
+            args, kwargs = self.operands(k)
+            whole = self.program.kernel_nodes[k].target(*args, **kwargs)
+            split = with_pieces(self.graph, {k: self.pieces})
+            ins = split_inputs(split, k)
+            slow = {t: self.memory.to_slow(t, self.env[t]) for i, t in enumerate(ins) if i % self.slow_every == 0}
+            try:
+                got = PieceRunner(split, k, self.memory).run(
+                    {t: self.env[t] for t in ins if t not in slow}, slow,
+                    lambda a: self.env[self.program.node_tensor[a]])
+            finally:
+                for h in slow.values():
+                    self.memory.free_slow(h)
+            self.checked[k] = whole.dtype == got.dtype and torch.equal(
+                whole.view(torch.int32) if whole.dtype == torch.float32 else whole,
+                got.view(torch.int32) if got.dtype == torch.float32 else got)
+        super().run_kernel(k)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(optimizer=st.sampled_from(sorted(OPTIMIZERS)), pieces=st.sampled_from([2, 7, 64]),
+       slow_every=st.sampled_from([1, 2]))
+def test_pieces_read_from_the_file_tier_give_the_whole_kernels_bits(optimizer, pieces, slow_every):
+    g, m = captured(optimizer)
+    state = TrainingState(g, m, OPTIMIZERS[optimizer](m))
+    with make_memory_system("cpu+file") as memory:
+        r = _PiecesBesideWhole(g, pieces, slow_every, memory)
+        r.run(state.inputs(batches()[0]))
+    assert set(r.checked) == set(g.splittable) and all(r.checked.values()), r.checked
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_training_where_only_pieces_fit_is_bit_identical_to_eager(optimizer, tmp_path):
+    """The smallest budget with kernels in pieces is under the smallest without (the update
+    of the wide layer, whole, needs parameter and gradient, or moment and gradient, at
+    once); training there on cpu+file reads inputs from the file piece by piece and
+    gives eager PyTorch's bits."""
+    model = wide_model()
+    twin = copy.deepcopy(model)
+    opt, twin_opt = OPTIMIZERS[optimizer](model), OPTIMIZERS[optimizer](twin)
+    step = autotm.compile(model, nn.CrossEntropyLoss(), opt, batches()[0], memory="cpu+file", budget="min",
+                          cache=str(tmp_path / "c.sqlite"))
+    try:
+        g, p = step.graph, step.plan
+        whole = smallest_feasible(g, "asynchronous", "staged", accounting(g, step.cost_model.workspace(len(g.kernels))))
+        assert p.split and p.meta.budget_bytes < whole.bytes
+        steps = validate(p, g).steps
+        assert any(s.slow_operands for s in steps if s.kernel in dict(p.split))  # (read from slow memory)
+        for i, batch in enumerate(batches()):
+            torch.manual_seed(i)
+            got = step(*batch)
+            torch.manual_seed(i)
+            want = eager_step(twin, nn.CrossEntropyLoss(), twin_opt, batch)
+            assert torch.equal(got, want), i
+    finally:
+        step.close()
+    assert compare_state(model, opt, twin, twin_opt) == []
+
+
+def test_a_budget_under_the_pieces_floor_names_the_kernel_and_its_pieces(tmp_path):
+    g, _ = captured("sgd-momentum")
+    cm = profile(g, "sim:nvme", str(tmp_path / "c.sqlite"))
+    floor = autotm.planner.smallest_feasible_budget(g, cm, "synchronous")
+    with pytest.raises(autotm.InfeasibleBudget, match="pieces") as e:
+        autotm.planner.plan(g, cm, floor.bytes - 1, "synchronous", arena=False)
+    assert e.value.minimum == floor.bytes
+    lru = autotm.planner.smallest_feasible_budget(g, cm, "lru")
+    assert lru.bytes > floor.bytes and "runs every kernel whole" in lru.what
