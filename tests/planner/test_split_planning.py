@@ -108,3 +108,22 @@ def test_plans_with_pieces_validate_and_their_objective_is_their_simulation(case
     assert simulate(p, g, cm).predicted_seconds == pytest.approx(p.meta.objective_seconds, rel=1e-3, abs=1e-9)
     with pytest.raises(Exception, match="bytes"):
         plan(g, cm, floor - 1, formulation, arena=False, time_limit=20)
+
+
+def test_the_check_before_the_profile_knows_the_floor_in_pieces():
+    """check_before_profile (a budget against the graph alone, before the profile) lets a
+    budget that only pieces make feasible pass, and names the floor in pieces below it."""
+    from autotm.errors import InfeasibleBudget
+    from autotm.planner.floor import check_before_profile
+
+    g = update_chain()
+    cm = cost_model(g, [1e-3] * len(g.kernels), bw=1e9)
+    floor = smallest_feasible_budget(g, cm, "synchronous").bytes
+    whole = smallest_feasible(g, "synchronous", "staged", accounting(g, cm.workspace(len(g.kernels)))).bytes
+    assert floor < whole
+    check_before_profile(g, floor, "synchronous", "staged")
+    with pytest.raises(InfeasibleBudget) as e:
+        check_before_profile(g, floor - 1, "synchronous", "staged")
+    assert e.value.minimum == floor and "pieces" in str(e.value)
+    with pytest.raises(InfeasibleBudget):
+        check_before_profile(g, floor, "lru", "staged")

@@ -157,22 +157,23 @@ def check_before_profile(graph: TrainingGraph, budget: object, formulation: str,
 
     if formulation in NO_BUDGET or budget is None or is_minimum(budget) or not len(graph.kernels):
         return
-    ws = np.zeros(len(graph.kernels), dtype=np.int64) if workspace is None else np.asarray(workspace, np.int64)
-    floor = smallest_feasible(graph, formulation, access, accounting(graph, ws))
     from .splitting import SPLIT_FORMULATIONS, split_floor
 
-    if formulation in SPLIT_FORMULATIONS and access == "staged" and graph.splittable:
-        # (kernels may run in pieces: plan() does so on a memory system that reads ranges)
-        floor = min(floor, split_floor(graph, formulation, ws, "cpu+file")[0], key=lambda f: f.bytes)
+    ws = np.zeros(len(graph.kernels), dtype=np.int64) if workspace is None else np.asarray(workspace, np.int64)
     peak = int((graph.live_bytes + ws).max())
-    if is_ratio(budget):
-        r = parse_ratio(str(budget))
-        if r is not None and peak >= r * floor.bytes:
-            return
-        wanted = parse_budget(budget, peak)
-    else:
-        wanted = parse_budget(budget, peak)
-        if wanted >= floor.bytes:
+    wanted = parse_budget(budget, peak)
+    r = parse_ratio(str(budget)) if is_ratio(budget) else None
+
+    def fits(f: Floor) -> bool:
+        return peak >= r * f.bytes if r is not None else wanted >= f.bytes
+    floor = smallest_feasible(graph, formulation, access, accounting(graph, ws))
+    if fits(floor):
+        return
+    if formulation in SPLIT_FORMULATIONS and access == "staged" and graph.splittable:
+        # kernels may run in pieces (plan() runs them so on a memory system that reads
+        # ranges): only now, as the floor with pieces costs two tightest plans
+        floor = min(floor, split_floor(graph, formulation, ws, "cpu+file")[0], key=lambda f: f.bytes)
+        if fits(floor):
             return
     raise InfeasibleBudget(wanted, floor.bytes, floor.what, formulation, exact=False)
 
