@@ -19,7 +19,7 @@ import numpy as np
 
 from ..ir.graph import TrainingGraph
 from ..ir.plan import ACCESS, KINDS, MODES, TIERS, Action, Plan, PlanError, check_plan_matches, plan_graph
-from ..ir.split import split_inputs
+from ..ir.split import piece_reads
 
 # Tensor states in each tier.
 _NO, _YES, _IN_FLIGHT = 0, 1, 2  # fast: absent / resident / async prefetch in flight
@@ -336,8 +336,7 @@ class PlanReplay:
         staged = self.staged
         # per kernel, the inputs it may read from slow memory under staged access: those of
         # a kernel that runs in pieces (ir/split.py)
-        split_reads = [frozenset(split_inputs(self.graph, k)) if kern.pieces > 1 else frozenset()
-                       for k, kern in enumerate(self.graph.kernels)]
+        split_reads = piece_reads(self.graph)
         used = 0  # fast bytes now
 
         for k, kern in enumerate(g.kernels):
@@ -394,7 +393,7 @@ class PlanReplay:
                         continue
                     where = ("its async prefetch is still in flight" if fast[tid] == _IN_FLIGHT
                              else "it is in slow memory")
-                    if staged and verb == "reads" and tid in split_reads[k] and fast[tid] == _NO \
+                    if staged and verb == "reads" and tid in split_reads.get(k, ()) and fast[tid] == _NO \
                             and slow[tid] == _YES:
                         slow_operands.append(tid)  # (read piece by piece from its slow copy)
                         continue

@@ -295,12 +295,12 @@ def check_plan_matches(plan: Plan, graph: TrainingGraph) -> None:
     """
     if plan.version != PLAN_VERSION:
         raise PlanError(_version_message(plan.version))
-    graph = plan_graph(plan, graph)
-    if plan.graph_fingerprint != graph.fingerprint:
+    if plan.graph_fingerprint != graph.fingerprint:  # (the same split or not)
         raise PlanError(
             f"plan was made for graph {plan.graph_name} (fingerprint {plan.graph_fingerprint}), "
             f"not for {graph.name} (fingerprint {graph.fingerprint})"
         )
+    plan_graph(plan, graph)  # (a split the graph cannot run is a PlanError here)
 
 
 def plan_graph(plan: Plan, graph: TrainingGraph) -> TrainingGraph:

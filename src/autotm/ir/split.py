@@ -138,6 +138,12 @@ def split_inputs(graph: TrainingGraph, k: int) -> tuple[int, ...]:
     return tuple(t for t in kern.inputs if graph.tensors[t].nbytes == size)
 
 
+def piece_reads(graph: TrainingGraph) -> dict[int, frozenset[int]]:
+    """Kernel -> the inputs it may read from slow memory: those of kernels that run in
+    pieces."""
+    return {kn.index: frozenset(split_inputs(graph, kn.index)) for kn in graph.kernels if kn.pieces > 1}
+
+
 def bounce_bytes(graph: TrainingGraph, k: int) -> int:
     """Bytes kernel k needs beyond its fast operands when it runs in pieces: one piece of
     each input it may read from slow memory (0 for an unsplit kernel)."""

@@ -26,7 +26,7 @@ from .baselines import all_fast, first_touch_plan, lru_plan
 from .direct import solve_direct
 from .floor import Floor, accounting, smallest_feasible, tightest_staged_plan
 from .staged import default_min_tensor_bytes, min_tensor_bytes_for, solve_staged, staged_extra
-from .splitting import bounce, may_split, split_floor, split_for_budget, with_bounce
+from .splitting import bounce, helpful_splits, may_split, split_floor, split_for_budget, with_bounce
 from .static import all_slow_plan, first_touch_direct_plan, solve_static
 from ..errors import InfeasibleBudget, InputError
 from ..ir.plan_meta import PlanMeta, SolverStats
@@ -52,7 +52,7 @@ def smallest_feasible_budget(graph: TrainingGraph, cost_model: CostModel, formul
         return Floor(int((held + acc.workspace).max()) if len(held) else 0, None, "all-fast's peak")
     floor = smallest_feasible(graph, formulation, cost_model.access, acc, cost_model.memory_system)
     if may_split(graph, formulation, cost_model.access, cost_model.memory_system, acc):
-        floor = min(floor, split_floor(graph, formulation, acc.workspace, cost_model.memory_system)[0],
+        floor = min(floor, split_floor(graph, formulation, acc.workspace, cost_model.memory_system),
                     key=lambda f: f.bytes)
     return floor
 
@@ -120,18 +120,19 @@ def plan(graph: TrainingGraph, cost_model: CostModel, budget: object, formulatio
              else smallest_feasible(graph, formulation, cost_model.access, acc, ms))
     wanted = None if budget is None or is_minimum(budget) else parse_budget(budget, base)
     whole_floor = floor.bytes
-    splits = may_split(graph, formulation, cost_model.access, ms, acc)
-    if splits and (wanted is None or wanted < floor.bytes):
+    splits = None
+    if may_split(graph, formulation, cost_model.access, ms, acc) and (wanted is None or wanted < floor.bytes):
         # kernels that run in pieces (ir/split.py) lower the floor where they hold the most
-        floor = min(floor, split_floor(graph, formulation, workspace, ms)[0], key=lambda f: f.bytes)
+        splits = helpful_splits(graph, workspace, ms)
+        floor = min(floor, split_floor(graph, formulation, workspace, ms, splits), key=lambda f: f.bytes)
     if budget is None and formulation == "all-fast" or is_minimum(budget):
         budget_bytes = floor.bytes
     else:
         budget_bytes = parse_budget(budget, base)
     if budget_bytes < floor.bytes and formulation != "all-fast":
         raise InfeasibleBudget(budget_bytes, floor.bytes, floor.what, formulation)
-    if splits and budget_bytes < whole_floor:
-        graph = split_for_budget(graph, formulation, workspace, ms, budget_bytes)
+    if splits is not None and budget_bytes < whole_floor:
+        graph = split_for_budget(graph, formulation, workspace, ms, budget_bytes, splits)
         acc = with_bounce(graph, workspace)
         pinned, extra, workspace, solver_extra = acc.pinned, acc.extra, acc.workspace, acc.solver_extra
     validation_budget = budget_bytes + acc.flat_extra

@@ -37,6 +37,7 @@ from .segments import carried_pairs, tensor_segments
 from .model import movable
 
 NO_BUDGET = ("all-fast", "all-slow")
+SPLIT_FORMULATIONS = ("synchronous", "asynchronous")  # the planners that run kernels in pieces (splitting.py)
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ def check_before_profile(graph: TrainingGraph, budget: object, formulation: str,
 
     if formulation in NO_BUDGET or budget is None or is_minimum(budget) or not len(graph.kernels):
         return
-    from .splitting import SPLIT_FORMULATIONS, split_floor
+    from .splitting import split_floor
 
     ws = np.zeros(len(graph.kernels), dtype=np.int64) if workspace is None else np.asarray(workspace, np.int64)
     peak = int((graph.live_bytes + ws).max())
@@ -172,7 +173,7 @@ def check_before_profile(graph: TrainingGraph, budget: object, formulation: str,
     if formulation in SPLIT_FORMULATIONS and access == "staged" and graph.splittable:
         # kernels may run in pieces (plan() runs them so on a memory system that reads
         # ranges): only now, as the floor with pieces costs two tightest plans
-        floor = min(floor, split_floor(graph, formulation, ws, "cpu+file")[0], key=lambda f: f.bytes)
+        floor = min(floor, split_floor(graph, formulation, ws, "cpu+file"), key=lambda f: f.bytes)
         if fits(floor):
             return
     raise InfeasibleBudget(wanted, floor.bytes, floor.what, formulation, exact=False)
@@ -306,7 +307,7 @@ def whole_because(graph: TrainingGraph, k: int | None, formulation: str) -> str:
     from ..ir.split import split_blocker
 
     if k in graph.splittable:
-        return ("" if formulation in ("synchronous", "asynchronous")
+        return ("" if formulation in SPLIT_FORMULATIONS
                 else f"; {formulation} runs every kernel whole (the synchronous and asynchronous planners run "
                      "such a kernel in pieces)")
     why = split_blocker(graph, k) or "its pieces did not give the same bits as the whole kernel on this machine"

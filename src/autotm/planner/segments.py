@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir.graph import Role, Tensor, TrainingGraph
-from ..ir.split import split_inputs
+from ..ir.split import piece_reads
 
 CARRIED = ("param:", "buffer:", "opt:")
 NO_PREFETCH = ("final", "tail", "streamed")  # segments that no use ends: nothing brings the tensor back
@@ -104,8 +104,3 @@ def tensor_segments(graph: TrainingGraph, *, min_bytes: int = 0, pinned: frozens
                                       carried_output_of=pairs.get(t.id)))
     return out
 
-
-def piece_reads(graph: TrainingGraph) -> dict[int, frozenset[int]]:
-    """Kernel -> the inputs it may read from slow memory: those of kernels that run in
-    pieces (ir/split.py)."""
-    return {kn.index: frozenset(split_inputs(graph, kn.index)) for kn in graph.kernels if kn.pieces > 1}

@@ -9,13 +9,13 @@ with splits is the floor of the graph with every kernel split where that helps.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..ir.graph import TrainingGraph
 from ..ir.split import bounce_bytes, pieces_for, with_pieces
-from .floor import Accounting, Floor, accounting, smallest_feasible
-
-SPLIT_FORMULATIONS = ("synchronous", "asynchronous")
+from .floor import SPLIT_FORMULATIONS, Accounting, Floor, accounting, smallest_feasible
 
 
 def may_split(graph: TrainingGraph, formulation: str, access: str, memory_system: str, acc: Accounting) -> bool:
@@ -35,44 +35,50 @@ def with_bounce(graph: TrainingGraph, workspace: np.ndarray) -> Accounting:
     return accounting(graph, np.asarray(workspace, dtype=np.int64) + bounce(graph))
 
 
-def _need(graph: TrainingGraph, acc: Accounting, memory_system: str) -> np.ndarray:
+def _need(graph: TrainingGraph, workspace: np.ndarray, memory_system: str) -> np.ndarray:
     """Per kernel, what the tightest staged plan holds there with its workspace."""
     from ..checks.validate import validate
     from .floor import tightest_staged_plan
 
     held = validate(tightest_staged_plan(graph, memory_system=memory_system), graph, budget_bytes=2**62).fast_bytes
-    return np.asarray(held + acc.workspace, dtype=np.int64)
+    return np.asarray(held + workspace, dtype=np.int64)
 
 
-def helpful_splits(graph: TrainingGraph, formulation: str, workspace: np.ndarray,
-                   memory_system: str) -> tuple[dict[int, int], np.ndarray]:
-    """(kernel -> pieces) for every kernel whose split lowers what the tightest plan holds
-    there, and the unsplit graph's need per kernel."""
-    whole = _need(graph, accounting(graph, workspace), memory_system)
+@dataclass(frozen=True)
+class Splits:
+    """The kernels whose pieces lower what the tightest plan holds there (kernel ->
+    pieces), and what that plan holds at each kernel of the unsplit graph."""
+    helpful: dict[int, int]
+    whole: np.ndarray
+
+
+def helpful_splits(graph: TrainingGraph, workspace: np.ndarray, memory_system: str) -> Splits:
+    """Splits of `graph` (two tightest plans: plan() makes them once per call)."""
+    whole = _need(graph, np.asarray(workspace, dtype=np.int64), memory_system)
     every = with_pieces(graph, {k: pieces_for(graph.tensors[graph.kernels[k].outputs[0]].nbytes)
                                 for k in graph.splittable})
-    split = _need(every, with_bounce(every, workspace), memory_system)
-    return {k: every.kernels[k].pieces for k in sorted(graph.splittable)
-            if every.kernels[k].pieces > 1 and split[k] < whole[k]}, whole
+    split = _need(every, with_bounce(every, workspace).workspace, memory_system)
+    return Splits({k: every.kernels[k].pieces for k in sorted(graph.splittable)
+                   if every.kernels[k].pieces > 1 and split[k] < whole[k]}, whole)
 
 
-def split_floor(graph: TrainingGraph, formulation: str, workspace: np.ndarray,
-                memory_system: str) -> tuple[Floor, TrainingGraph]:
-    """The floor of the staged ILP with kernels split where that helps, and that graph."""
-    helpful, _ = helpful_splits(graph, formulation, workspace, memory_system)
-    g = with_pieces(graph, helpful)
-    return smallest_feasible(g, formulation, "staged", with_bounce(g, workspace), memory_system), g
+def split_floor(graph: TrainingGraph, formulation: str, workspace: np.ndarray, memory_system: str,
+                splits: Splits | None = None) -> Floor:
+    """The floor of the staged ILP with kernels split where that helps."""
+    splits = splits or helpful_splits(graph, workspace, memory_system)
+    g = with_pieces(graph, splits.helpful)
+    return smallest_feasible(g, formulation, "staged", with_bounce(g, workspace), memory_system)
 
 
 def split_for_budget(graph: TrainingGraph, formulation: str, workspace: np.ndarray, memory_system: str,
-                     budget_bytes: int) -> TrainingGraph:
+                     budget_bytes: int, splits: Splits | None = None) -> TrainingGraph:
     """`graph` with the kernels split that `budget_bytes` needs split: those of
     helpful_splits whose unsplit need is over the budget (all of them, should that
     selection still not fit)."""
-    helpful, whole = helpful_splits(graph, formulation, workspace, memory_system)
-    chosen = {k: p for k, p in helpful.items() if whole[k] > budget_bytes}
+    splits = splits or helpful_splits(graph, workspace, memory_system)
+    chosen = {k: p for k, p in splits.helpful.items() if splits.whole[k] > budget_bytes}
     g = with_pieces(graph, chosen)
     if not chosen or smallest_feasible(g, formulation, "staged", with_bounce(g, workspace),
                                        memory_system).bytes <= budget_bytes:
         return g
-    return with_pieces(graph, helpful)
+    return with_pieces(graph, splits.helpful)

@@ -84,7 +84,8 @@ from .floor import in_place_bytes, solver_infeasible, tightest_staged_plan
 from .highs_driver import Solve, highs_model, is_feasible, solve_model, solver_stats
 from .model import MARGIN_BYTES, SCALE, Rows, SegVars, StagedLayout, Vars, add_async_copies, cheap_wakes, \
     sync_positions
-from .segments import NO_PREFETCH, STARTS_SLOW, TensorSegments, carried_pairs, piece_reads, tensor_segments
+from ..ir.split import piece_reads
+from .segments import NO_PREFETCH, STARTS_SLOW, TensorSegments, carried_pairs, tensor_segments
 from .warm_start import overlap_greedily, staged_start
 
 
@@ -148,7 +149,7 @@ def staged_columns(V: Vars, segs: list[TensorSegments], cost: CostModel, *, asyn
     sync copies m(s, dir, sync), async copies their host seconds h(s, dir); wL and pE only
     where wakes are profiled (model.cheap_wakes), wX and pX only in the asynchronous model
     (model.async_candidates, within `window` of the copy's natural place; a prefetch not
-    over a kernel in `reads` that reads the tensor in pieces, segments.piece_reads)."""
+    over a kernel in `reads` that reads the tensor in pieces, ir.split.piece_reads)."""
     reads = reads or {}
     n = len(cost.kernel_seconds)
     T = np.asarray(cost.kernel_seconds, dtype=float)

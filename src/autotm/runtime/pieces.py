@@ -39,7 +39,7 @@ class PieceRunner:
         self.memory = memory
         out = self.node.meta["val"]
         self.shape, self.dtype = tuple(out.shape), out.dtype
-        self.numel = out.numel()
+        self.numel, self.itemsize = out.numel(), out.element_size()
         self.nbytes = graph.tensors[kern.outputs[0]].nbytes
         self.split = set(split_inputs(graph, k))
         self.node_tensor = graph.program.node_tensor
@@ -47,21 +47,20 @@ class PieceRunner:
 
     def run(self, fast: Mapping[int, torch.Tensor], slow: Mapping[int, SlowHandle],
             value_of: Callable[[fx.Node], Any], device: torch.device | None = None) -> torch.Tensor:
-        isz = torch.empty(0, dtype=self.dtype).element_size()
         out = torch.empty(self.shape, dtype=self.dtype, device=device)
-        sources: dict[fx.Node, Any] = {}
         buffers: dict[int, Any] = {}
         try:
-            self._run(out.view(-1), sources, buffers, fast, slow, value_of, isz)
+            self._run(out.view(-1), buffers, fast, slow, value_of)
         finally:
-            sources.clear()
             for b in buffers.values():
                 with contextlib.suppress(BufferError):  # (a view still alive: the GC closes it)
                     b.close()
         return out
 
-    def _run(self, out_flat: torch.Tensor, sources: dict, buffers: dict, fast: Mapping[int, torch.Tensor],
-             slow: Mapping[int, SlowHandle], value_of: Callable[[fx.Node], Any], isz: int) -> None:
+    def _run(self, out_flat: torch.Tensor, buffers: dict, fast: Mapping[int, torch.Tensor],
+             slow: Mapping[int, SlowHandle], value_of: Callable[[fx.Node], Any]) -> None:
+        isz = self.itemsize
+        sources: dict[fx.Node, Any] = {}
         for a in self.node.all_input_nodes:
             tid = self.node_tensor[a]
             if tid in self.split and tid in fast:
