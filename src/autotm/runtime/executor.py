@@ -37,7 +37,7 @@ import torch
 
 from ..checks.validate import KernelStep, validate
 from ..errors import AutotmError, BudgetExceeded, ReplayError, SessionFailed
-from ..interpret.replay import Replay, Reuse
+from ..interpret.replay import OperandBuilder, Replay, Reuse
 from ..ir.graph import TrainingGraph
 from ..ir.layout import LARGE_BLOCK_BYTES
 from ..ir.plan import Plan, check_plan_matches, plan_graph
@@ -121,6 +121,7 @@ class Executor(Replay):
                                if self._release_cache else [])
         self.kernels = self._compile()
         self.pieces = {k: PieceRunner(graph, k, memory) for k, kn in enumerate(graph.kernels) if kn.pieces > 1}
+        self._getter = OperandBuilder(self.program, self.env, self.storage_value, self.device).node  # (scalars, views)
         # bytes kernel k's outputs and the prefetches before it allocate in fast memory
         self.incoming = [sum(b for _, _, b, slow in kc.outputs if not slow) for kc in self.kernels]
         for s in self.steps:
@@ -376,7 +377,7 @@ class Executor(Replay):
         t0 = time.perf_counter()
         pieces = self.pieces.get(k)
         if pieces is not None and any(t not in env for t in pieces.split):  # inputs in slow memory
-            out = pieces.run(env, self.slow, lambda a: env[self.program.node_tensor[a]], self.device)
+            out = pieces.run(env, self.slow, lambda a: self._getter(a)(), self.device)
             self.operand_times[k], self.kernel_times[k] = 0.0, time.perf_counter() - t0
             return out
         args = ck.args()
