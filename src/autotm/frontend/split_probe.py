@@ -6,7 +6,9 @@ most elements in a vectorized body and the last few of each range in a scalar ta
 for a fused operation (add with alpha, addcmul, lerp) the two could round differently
 (one fused multiply-add against two roundings). Each kind of kernel (op, dtype and its
 non-tensor arguments) is run here on random operands whole and in pieces whose
-boundaries fall anywhere; it is splittable only if every bit agrees.
+boundaries fall anywhere; it is splittable only if every bit agrees. A row kernel
+(ir.split.ROW_OPS) is run on PROBE_ROWS rows of its real row length, whole in its own
+rank and in pieces of 1 to 5 rows as the executor runs them (2-d views, dimension -1).
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ import torch
 import torch.fx as fx
 
 from ..ir.graph import TrainingGraph
-from ..ir.split import split_blocker
+from ..ir.split import ROW_OPS, split_blocker
 
 PROBE_ELEMENTS = 4096 + 37
 PROBE_CUTS = (1, 7, 8, 9, 100, 1023, 2500)  # piece boundaries off every vector width
+PROBE_ROWS = 13
+PROBE_ROW_CUTS = (1, 2, 5, 8)
 
 
 def with_splittable(graph: TrainingGraph) -> TrainingGraph:
@@ -36,7 +40,9 @@ def with_splittable(graph: TrainingGraph) -> TrainingGraph:
         if split_blocker(graph, k) is not None:
             continue
         node = nodes[k]
-        key = (graph.kernels[k].op, str(node.meta["val"].dtype), _scalars(node))
+        out = node.meta["val"]
+        row = out.shape[-1] if graph.kernels[k].op in ROW_OPS else 1  # (row length picks the code path)
+        key = (graph.kernels[k].op, str(out.dtype), _scalars(node), row)
         if key not in verdict:
             verdict[key] = pieces_agree(node)
         if verdict[key]:
@@ -64,37 +70,70 @@ def pieces_agree(node: fx.Node) -> bool:
 
 
 def _agree(node: fx.Node) -> bool:
-    gen = torch.Generator().manual_seed(0)
     out = node.meta["val"]
-
-    def operand(a: object) -> Any:
-        if not isinstance(a, fx.Node):
-            return a
-        v = a.meta["val"]
-        if v.dim() == 0:
-            return torch.rand((), generator=gen, dtype=torch.float64).to(v.dtype) + 0.5
-        if v.dtype.is_floating_point:
-            return (torch.rand(PROBE_ELEMENTS, generator=gen, dtype=torch.float64) * 4 - 2).to(v.dtype)
-        return torch.randint(-100, 100, (PROBE_ELEMENTS,), generator=gen).to(v.dtype)
+    rule = ROW_OPS.get(str(node.target))
+    if rule is None:
+        shape, row, bounds = (PROBE_ELEMENTS,), 1, (0, *PROBE_CUTS, PROBE_ELEMENTS)
+    else:
+        row = out.shape[-1]
+        shape = (1,) * (out.dim() - 2) + (PROBE_ROWS, row)
+        bounds = tuple(r * row for r in (0, *PROBE_ROW_CUTS, PROBE_ROWS))
+    per_row = {a for i, a in enumerate(node.args) if rule and i in rule.per_row_args and isinstance(a, fx.Node)}
+    values = _probe_operands(node, per_row, shape, row)
     target: Any = node.target
     try:
-        values: dict[fx.Node, Any] = {a: operand(a) for a in node.all_input_nodes}
         args: Any = fx.node.map_arg(node.args, values.__getitem__)
         kwargs: Any = fx.node.map_arg(node.kwargs, values.__getitem__)
         whole = target(*args, **kwargs)
-        bounds = (0, *PROBE_CUTS, PROBE_ELEMENTS)
         parts = []
         for lo, hi in zip(bounds, bounds[1:]):
-            piece = {a: (v[lo:hi] if v.dim() else v) for a, v in values.items()}
-            p_args: Any = fx.node.map_arg(node.args, piece.__getitem__)
+            piece = {a: _slice(v, a in per_row, shape, lo, hi, row) for a, v in values.items()}
+            p_args: Any = list(fx.node.map_arg(node.args, piece.__getitem__))
             p_kwargs: Any = fx.node.map_arg(node.kwargs, piece.__getitem__)
-            parts.append(target(*p_args, **p_kwargs))
+            if rule is not None and rule.dim_arg is not None:
+                p_args[rule.dim_arg] = -1
+            parts.append(target(*p_args, **p_kwargs).reshape(-1))
         pieced = torch.cat(parts)
     except Exception:  # (any kernel that cannot run so is not split)
         return False
-    if whole.dtype != out.dtype or pieced.shape != whole.shape:
+    if whole.dtype != out.dtype or pieced.numel() != whole.numel():
         return False
-    return bool(torch.equal(_bits(whole), _bits(pieced)))
+    return bool(torch.equal(_bits(whole.reshape(-1)), _bits(pieced)))
+
+
+def _probe_operands(node: fx.Node, per_row: set[fx.Node], shape: tuple[int, ...], row: int) -> dict[fx.Node, Any]:
+    """Random operands: full-size ones of `shape`, per-row ones of PROBE_ROWS elements
+    (class indices under `row` for integers), others in their own shape."""
+    gen = torch.Generator().manual_seed(0)
+    out_shape = tuple(node.meta["val"].shape)
+    elementwise = str(node.target) not in ROW_OPS
+
+    def operand(a: fx.Node) -> Any:
+        v = a.meta["val"]
+        if v.dim() == 0:
+            return torch.rand((), generator=gen, dtype=torch.float64).to(v.dtype) + 0.5
+        if a in per_row:
+            size: tuple[int, ...] = (PROBE_ROWS,)
+        elif elementwise or tuple(v.shape) == out_shape:
+            size = shape
+        else:
+            size = tuple(v.shape)
+        if v.dtype.is_floating_point:
+            return (torch.rand(size, generator=gen, dtype=torch.float64) * 4 - 2).to(v.dtype)
+        return torch.randint(0 if a in per_row else -100, row if a in per_row else 100, size, generator=gen).to(v.dtype)
+    return {a: operand(a) for a in node.all_input_nodes}
+
+
+def _slice(v: Any, per_row: bool, shape: tuple[int, ...], lo: int, hi: int, row: int) -> Any:
+    """Operand `v` for the piece of flat output elements [lo, hi): the same elements of a
+    full-size operand (as rows for a row kernel), the same rows of a per-row one."""
+    if v.dim() == 0:
+        return v
+    if per_row:
+        return v[lo // row:hi // row]
+    if tuple(v.shape) != shape:
+        return v
+    return v[lo:hi] if row == 1 else v.reshape(-1, row)[lo // row:hi // row]
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

@@ -7,9 +7,13 @@ elementwise kernels below when every tensor operand is the whole of its storage,
 same shape, dtype and contiguous order (the optimizer's per-parameter updates after
 lowering, the backward's gradient sums): element i of the output is then computed from
 element i of each input alone, by the same arithmetic wherever a piece boundary falls.
-The last condition, that the arithmetic of an element does not depend on whether the
-kernel's vectorized body or its scalar tail computed it, is checked on the machine by
-frontend/split_probe.py before a kernel is marked splittable.
+The same holds row by row for the kernels of ROW_OPS (a softmax over the last dimension,
+its backward, the loss's backward): row i of the output reads row i of each full-size
+input, element i of each per-row input (the targets) and all of the small ones; their
+pieces fall on row boundaries and run on (rows, row length) views. The last condition,
+that the arithmetic of an element does not depend on whether the kernel's vectorized body
+or its scalar tail computed it, or on how many rows a call holds, is checked on the
+machine by frontend/split_probe.py before a kernel is marked splittable.
 
 A split kernel runs its pieces in order over the flat index; an input absent from fast
 memory there is read from its slow copy slice by slice through a bounce buffer of one
@@ -20,65 +24,187 @@ and one piece of each other input. Pieces start on 4 KiB (direct I/O) boundaries
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import math
+from typing import Any, NamedTuple
 
 from .graph import TrainingGraph
 
 # elementwise ATen kernels whose output element i reads element i of each input only
+# (gelu, silu, elu, mish and softplus are left out: on x86 their vectorized bodies and
+# scalar tails round differently and the probe refuses them)
 SPLIT_OPS = frozenset({
     "aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor", "aten.div.Tensor", "aten.neg.default",
-    "aten.sqrt.default", "aten.addcmul.default", "aten.addcdiv.default", "aten.lerp.Scalar",
-    "aten.lerp.Tensor", "aten.maximum.default", "aten.minimum.default", "aten.abs.default",
-    "aten.sign.default", "aten.clamp.default", "aten.relu.default", "aten.threshold_backward.default",
+    "aten.add.Scalar", "aten.sub.Scalar", "aten.mul.Scalar", "aten.div.Scalar", "aten.rsub.Scalar",
+    "aten.sqrt.default", "aten.rsqrt.default", "aten.reciprocal.default", "aten.square.default",
+    "aten.pow.Tensor_Scalar", "aten.exp.default", "aten.log.default", "aten.erf.default",
+    "aten.sin.default", "aten.cos.default", "aten.addcmul.default", "aten.addcdiv.default",
+    "aten.lerp.Scalar", "aten.lerp.Tensor", "aten.maximum.default", "aten.minimum.default",
+    "aten.abs.default", "aten.sign.default", "aten.clamp.default", "aten.clamp_min.default",
+    "aten.clamp_max.default", "aten.relu.default", "aten.threshold_backward.default",
+    "aten.sigmoid.default", "aten.sigmoid_backward.default", "aten.tanh.default", "aten.tanh_backward.default",
+    "aten.hardtanh.default", "aten.hardtanh_backward.default", "aten.hardswish.default",
+    "aten.hardswish_backward.default", "aten.hardsigmoid.default", "aten.hardsigmoid_backward.default",
+    "aten.leaky_relu.default", "aten.leaky_relu_backward.default",
 })
+
+
+@dataclasses.dataclass(frozen=True)
+class RowRule:
+    """A kernel that computes each row (along the last dimension) from that row alone."""
+
+    dim_arg: int | None  # the argument naming the row's dimension (the pieces pass -1)
+    per_row_args: tuple[int, ...] = ()  # arguments holding one element per row, where not 0-dim
+
+
+ROW_OPS = {
+    "aten._softmax.default": RowRule(1),
+    "aten._log_softmax.default": RowRule(1),
+    "aten._softmax_backward_data.default": RowRule(2),
+    "aten._log_softmax_backward_data.default": RowRule(2),
+    # (grad_output, self, target, weight, reduction, ignore_index, total_weight): row i is
+    # zero but at target[i]; grad_output is per row only for reduction="none"
+    "aten.nll_loss_backward.default": RowRule(None, (0, 2)),
+}
 PIECE_ALIGN = 4096  # bytes: a piece starts on a direct-I/O boundary
 MIN_PIECE_BYTES = 64 * 1024  # smaller pieces cost more in calls than they save in memory
 MAX_PIECES = 64
 
 
+class Operand(NamedTuple):
+    """A tensor operand of a kernel as the kernel reads it."""
+
+    position: int | None  # in the call's positional arguments (None: a keyword)
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: str
+    tensor: int
+
+
+def _operands(graph: TrainingGraph, k: int) -> list[Operand] | str:
+    """Kernel k's tensor operands (or why they cannot be known)."""
+    kern = graph.kernels[k]
+    nodes = getattr(graph.program, "kernel_nodes", None)
+    if nodes is None:  # a hand-built graph: its tensors are the operands
+        return [Operand(i, graph.tensors[t].shape, graph.tensors[t].stride, 0, graph.tensors[t].dtype, t)
+                for i, t in enumerate(kern.inputs)]
+    node, node_tensor = nodes[k], graph.program.node_tensor
+    found = []
+    for pos, a in [(i, a) for i, a in enumerate(node.args)] + [(None, a) for a in node.kwargs.values()]:
+        if not hasattr(a, "meta"):
+            if isinstance(a, (list, tuple)):
+                return f"{kern.op} takes a list of tensors"
+            continue
+        v = a.meta.get("val")
+        tid = node_tensor.get(a)
+        if v is None or tid is None or not hasattr(v, "shape"):
+            return f"{kern.op} reads an operand without a recorded layout"
+        found.append(Operand(pos, tuple(v.shape), tuple(v.stride()), int(v.storage_offset()), _dtype(v.dtype), tid))
+    return found
+
+
+def _out_value(graph: TrainingGraph, k: int) -> tuple[Any, ...] | None:
+    """(shape, stride, offset, dtype) of kernel k's output as the kernel writes it."""
+    nodes = getattr(graph.program, "kernel_nodes", None)
+    if nodes is None:
+        out = graph.tensors[graph.kernels[k].outputs[0]]
+        return (out.shape, out.stride, 0, out.dtype)
+    val = nodes[k].meta.get("val")
+    if val is None or not hasattr(val, "shape"):
+        return None
+    return (tuple(val.shape), tuple(val.stride()), int(val.storage_offset()), _dtype(val.dtype))
+
+
+def _role(kern_op: str, o: Operand, shape: tuple[int, ...]) -> str:
+    """'full' (split with the output), 'row' (one element per row) or 'whole' (every
+    piece reads all of it) for operand `o` of a kernel whose output is `shape`."""
+    rule = ROW_OPS.get(kern_op)
+    if rule is not None and o.position in rule.per_row_args and len(o.shape) > 0:
+        return "row"
+    if len(o.shape) == 0 or _numel(o.shape) == 1:
+        return "whole"
+    if rule is not None and o.shape != shape:
+        return "whole"  # (a class weight, the loss's total weight)
+    return "full"
+
+
 def split_blocker(graph: TrainingGraph, k: int) -> str | None:
     """Why kernel k cannot run in pieces (None: it can, once the probe agrees)."""
     kern = graph.kernels[k]
-    if kern.op not in SPLIT_OPS:
+    rule = ROW_OPS.get(kern.op)
+    if kern.op not in SPLIT_OPS and rule is None:
         return f"{kern.op} is not elementwise: an output element reads more than one element of an input"
     if len(kern.outputs) != 1:
         return f"{kern.op} writes {len(kern.outputs)} tensors"
     out = graph.tensors[kern.outputs[0]]
-    program = graph.program
-    nodes = getattr(program, "kernel_nodes", None)
-    if nodes is None:  # a hand-built graph: its tensors are the operands
-        operands = [(graph.tensors[t].shape, graph.tensors[t].stride, 0, graph.tensors[t].dtype, t)
-                    for t in kern.inputs]
-        out_value = (out.shape, out.stride, 0, out.dtype)
-    else:
-        node = nodes[k]
-        val = node.meta.get("val")
-        if val is None or not hasattr(val, "shape"):
-            return f"{kern.op}'s output has no recorded layout"
-        out_value = (tuple(val.shape), tuple(val.stride()), int(val.storage_offset()), _dtype(val.dtype))
-        operands = []
-        for a in list(node.args) + list(node.kwargs.values()):
-            if not hasattr(a, "meta"):
-                if isinstance(a, (list, tuple)):
-                    return f"{kern.op} takes a list of tensors"
-                continue
-            v = a.meta.get("val")
-            tid = program.node_tensor.get(a)
-            if v is None or tid is None or not hasattr(v, "shape"):
-                return f"{kern.op} reads an operand without a recorded layout"
-            operands.append((tuple(v.shape), tuple(v.stride()), int(v.storage_offset()), _dtype(v.dtype), tid))
+    out_value = _out_value(graph, k)
+    if out_value is None:
+        return f"{kern.op}'s output has no recorded layout"
+    operands = _operands(graph, k)
+    if isinstance(operands, str):
+        return operands
     shape, _, _, dtype = out_value
     if not _whole(out_value, out.nbytes, out.dtype):
         return f"{kern.op}'s output is not the whole of a contiguous storage"
-    for o_shape, o_stride, o_offset, o_dtype, tid in operands:
-        t = graph.tensors[tid]
-        if len(o_shape) == 0 or _numel(o_shape) == 1:
-            continue  # a scalar operand: every piece reads all of it
-        if o_shape != shape or o_dtype != dtype:
-            return f"{kern.op} reads {t.name} as {o_shape} {o_dtype}, its output is {shape} {dtype} (broadcast)"
-        if not _whole((o_shape, o_stride, o_offset, o_dtype), t.nbytes, t.dtype):
+    if rule is not None:
+        why = _row_blocker(graph, k, rule, shape)
+        if why:
+            return why
+    for o in operands:
+        t = graph.tensors[o.tensor]
+        role = _role(kern.op, o, shape)
+        if role == "row" and o.shape != shape[:1]:
+            return f"{kern.op} reads {t.name} as {o.shape}, not one element per row of {shape}"
+        if role != "full":
+            continue
+        if o.shape != shape or o.dtype != dtype:
+            return f"{kern.op} reads {t.name} as {o.shape} {o.dtype}, its output is {shape} {dtype} (broadcast)"
+        if not _whole((o.shape, o.stride, o.offset, o.dtype), t.nbytes, t.dtype):
             return f"{kern.op} reads {t.name} through a view that is not its whole contiguous storage"
     return None
+
+
+def _row_blocker(graph: TrainingGraph, k: int, rule: RowRule, shape: tuple[int, ...]) -> str | None:
+    """Why row kernel k cannot run in pieces of rows, beyond what every split needs."""
+    op = graph.kernels[k].op
+    if len(shape) < 2:
+        return f"{op} computes a single row"
+    if rule.per_row_args and len(shape) != 2:
+        return f"{op} reads per-row operands of a {len(shape)}-d output"
+    nodes = getattr(graph.program, "kernel_nodes", None)
+    if rule.dim_arg is not None and nodes is not None:
+        dim = nodes[k].args[rule.dim_arg]
+        if dim not in (-1, len(shape) - 1):
+            return f"{op} runs along dimension {dim}, not the last: its rows are not contiguous"
+    return None
+
+
+def split_inputs(graph: TrainingGraph, k: int) -> tuple[int, ...]:
+    """The inputs of split kernel k that it may read from slow memory: those the size of
+    its output, split with it (not scalars, per-row targets or class weights)."""
+    kern = graph.kernels[k]
+    out = graph.tensors[kern.outputs[0]]
+    operands = _operands(graph, k)
+    out_value = _out_value(graph, k)
+    if isinstance(operands, str) or out_value is None:
+        return ()
+    full = {o.tensor for o in operands if _role(kern.op, o, out_value[0]) == "full"}
+    return tuple(t for t in kern.inputs if t in full and graph.tensors[t].nbytes == out.nbytes)
+
+
+def row_elements(graph: TrainingGraph, k: int) -> int:
+    """Elements in one row of kernel k's output for a row kernel; 1 for an elementwise one."""
+    kern = graph.kernels[k]
+    if kern.op not in ROW_OPS:
+        return 1
+    return graph.tensors[kern.outputs[0]].shape[-1]
+
+
+def piece_unit(graph: TrainingGraph, k: int) -> int:
+    """Bytes every piece boundary of kernel k falls on a multiple of: a direct-I/O page,
+    and for a row kernel also a row."""
+    out = graph.tensors[graph.kernels[k].outputs[0]]
+    return math.lcm(PIECE_ALIGN, row_elements(graph, k) * _itemsize(out.dtype))
 
 
 def _dtype(d: object) -> str:
@@ -112,30 +238,28 @@ def _itemsize(dtype: str) -> int:
     return {"bool": 1, "uint8": 1, "int8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}.get(name, 4)
 
 
-def pieces_for(nbytes: int) -> int:
+def pieces_for(nbytes: int, unit: int = PIECE_ALIGN) -> int:
     """How many pieces a split kernel whose largest operand holds `nbytes` runs in: as
-    many as MAX_PIECES of at least MIN_PIECE_BYTES allow."""
-    return max(1, min(MAX_PIECES, nbytes // MIN_PIECE_BYTES))
+    many as MAX_PIECES of at least MIN_PIECE_BYTES, and of whole units, allow."""
+    return max(1, min(MAX_PIECES, nbytes // max(MIN_PIECE_BYTES, unit)))
 
 
-def piece_ranges(nbytes: int, pieces: int) -> list[tuple[int, int]]:
+def kernel_pieces(graph: TrainingGraph, k: int) -> int:
+    """pieces_for kernel k's output and piece unit."""
+    return pieces_for(graph.tensors[graph.kernels[k].outputs[0]].nbytes, piece_unit(graph, k))
+
+
+def piece_ranges(nbytes: int, pieces: int, unit: int = PIECE_ALIGN) -> list[tuple[int, int]]:
     """[start, stop) byte ranges of `pieces` pieces of a `nbytes` operand, each starting on
-    a PIECE_ALIGN boundary (some may be empty if the operand is small)."""
+    a multiple of `unit` (some may be empty if the operand is small)."""
     step = -(-nbytes // pieces)
-    step = -(-step // PIECE_ALIGN) * PIECE_ALIGN
+    step = -(-step // unit) * unit
     return [(min(i * step, nbytes), min((i + 1) * step, nbytes)) for i in range(pieces)]
 
 
-def piece_bytes(nbytes: int, pieces: int) -> int:
+def piece_bytes(nbytes: int, pieces: int, unit: int = PIECE_ALIGN) -> int:
     """The bounce buffer an operand of `nbytes` needs when read in `pieces` pieces."""
-    return max((b - a for a, b in piece_ranges(nbytes, pieces)), default=0)
-
-
-def split_inputs(graph: TrainingGraph, k: int) -> tuple[int, ...]:
-    """The inputs of split kernel k that it may read from slow memory (all but scalars)."""
-    kern = graph.kernels[k]
-    size = graph.tensors[kern.outputs[0]].nbytes
-    return tuple(t for t in kern.inputs if graph.tensors[t].nbytes == size)
+    return max((b - a for a, b in piece_ranges(nbytes, pieces, unit)), default=0)
 
 
 def piece_reads(graph: TrainingGraph) -> dict[int, frozenset[int]]:
@@ -150,7 +274,8 @@ def bounce_bytes(graph: TrainingGraph, k: int) -> int:
     kern = graph.kernels[k]
     if kern.pieces <= 1:
         return 0
-    return sum(piece_bytes(graph.tensors[t].nbytes, kern.pieces) for t in split_inputs(graph, k))
+    unit = piece_unit(graph, k)
+    return sum(piece_bytes(graph.tensors[t].nbytes, kern.pieces, unit) for t in split_inputs(graph, k))
 
 
 def with_pieces(graph: TrainingGraph, pieces: dict[int, int]) -> TrainingGraph:

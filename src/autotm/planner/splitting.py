@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir.graph import TrainingGraph
-from ..ir.split import bounce_bytes, pieces_for, with_pieces
+from ..ir.split import bounce_bytes, kernel_pieces, with_pieces
 from .floor import SPLIT_FORMULATIONS, Accounting, Floor, accounting, smallest_feasible
 
 
@@ -55,8 +55,7 @@ class Splits:
 def helpful_splits(graph: TrainingGraph, workspace: np.ndarray, memory_system: str) -> Splits:
     """Splits of `graph` (two tightest plans: plan() makes them once per call)."""
     whole = _need(graph, np.asarray(workspace, dtype=np.int64), memory_system)
-    every = with_pieces(graph, {k: pieces_for(graph.tensors[graph.kernels[k].outputs[0]].nbytes)
-                                for k in graph.splittable})
+    every = with_pieces(graph, {k: kernel_pieces(graph, k) for k in graph.splittable})
     split = _need(every, with_bounce(every, workspace).workspace, memory_system)
     return Splits({k: every.kernels[k].pieces for k in sorted(graph.splittable)
                    if every.kernels[k].pieces > 1 and split[k] < whole[k]}, whole)

@@ -1,8 +1,10 @@
 """Running a split kernel (ir/split.py) in pieces, its slow inputs read slice by slice.
 
 The output is made whole in fast memory; each piece reads the same byte range of every
-input, from fast memory where the input is there, else from its slow copy through a
-bounce buffer (MemorySystem.read_range), and writes that range of the output.
+full-size input, from fast memory where the input is there, else from its slow copy
+through a bounce buffer (MemorySystem.read_range), and writes that range of the output.
+A row kernel's pieces are whole rows, run on (rows, row length) views with its dimension
+argument -1 and its per-row operands sliced to the same rows.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch.fx as fx
 
 from ..interpret.replay import _out_overload
 from ..ir.graph import TrainingGraph
-from ..ir.split import piece_bytes, piece_ranges, split_inputs
+from ..ir.split import ROW_OPS, piece_bytes, piece_ranges, piece_unit, row_elements, split_inputs
 from ..tiers.base import MemorySystem, SlowHandle
 from ..tiers.ranges import bounce_buffer
 
@@ -42,6 +44,11 @@ class PieceRunner:
         self.numel, self.itemsize = out.numel(), out.element_size()
         self.nbytes = graph.tensors[kern.outputs[0]].nbytes
         self.split = set(split_inputs(graph, k))
+        self.unit, self.row = piece_unit(graph, k), row_elements(graph, k)
+        rule = ROW_OPS.get(kern.op)
+        self.dim_arg = rule.dim_arg if rule else None
+        self.per_row = {a for i, a in enumerate(self.node.args)
+                        if rule and i in rule.per_row_args and isinstance(a, fx.Node) and a.meta["val"].dim() > 0}
         self.node_tensor = graph.program.node_tensor
         self.out_overload = _out_overload(self.node.target)
 
@@ -66,30 +73,35 @@ class PieceRunner:
             if tid in self.split and tid in fast:
                 sources[a] = ("fast", flat_storage(fast[tid], self.dtype, self.numel))
             elif tid in self.split:
-                buffers[tid] = bounce_buffer(piece_bytes(self.nbytes, self.pieces))
+                buffers[tid] = bounce_buffer(piece_bytes(self.nbytes, self.pieces, self.unit))
                 sources[a] = ("slow", slow[tid])
             else:
-                sources[a] = ("whole", value_of(a))
-        for start, stop in piece_ranges(self.nbytes, self.pieces):
+                sources[a] = ("row" if a in self.per_row else "whole", value_of(a))
+        rows = (-1, self.row) if self.row > 1 else (-1,)
+        for start, stop in piece_ranges(self.nbytes, self.pieces, self.unit):
             if stop == start:
                 continue
             lo, hi = start // isz, stop // isz
             piece = {}
             for a, (where, src) in sources.items():
                 if where == "fast":
-                    piece[a] = src[lo:hi]
+                    piece[a] = src[lo:hi].view(rows)
                 elif where == "slow":
                     tid = self.node_tensor[a]
-                    piece[a] = self.memory.read_range(src, start, stop, buffers[tid]).view(self.dtype)
+                    piece[a] = self.memory.read_range(src, start, stop, buffers[tid]).view(self.dtype).view(rows)
+                elif where == "row":
+                    piece[a] = src[lo // self.row:hi // self.row]
                 else:
                     piece[a] = src
-            self._call(piece, out_flat[lo:hi])
+            self._call(piece, out_flat[lo:hi].view(rows))
 
     def _call(self, piece: dict[fx.Node, Any], out: torch.Tensor) -> None:
         """One piece: the kernel on `piece`'s operands, into `out` (its views of the bounce
         buffers die with this frame)."""
-        args: Any = fx.node.map_arg(self.node.args, piece.__getitem__)
+        args: Any = list(fx.node.map_arg(self.node.args, piece.__getitem__))
         kwargs: Any = dict(fx.node.map_arg(self.node.kwargs, piece.__getitem__))
+        if self.dim_arg is not None:
+            args[self.dim_arg] = -1  # (the pieces are 2-d)
         if self.out_overload is not None:
             op, name = self.out_overload
             op(*args, **kwargs, **{name: out})
