@@ -87,7 +87,7 @@ def _agree(node: fx.Node) -> bool:
         whole = target(*args, **kwargs)
         parts = []
         for lo, hi in zip(bounds, bounds[1:]):
-            piece = {a: _slice(v, a in per_row, shape, lo, hi, row) for a, v in values.items()}
+            piece = {a: _slice(v, a in per_row, shape, lo, hi, row if rule else 0) for a, v in values.items()}
             p_args: Any = list(fx.node.map_arg(node.args, piece.__getitem__))
             p_kwargs: Any = fx.node.map_arg(node.kwargs, piece.__getitem__)
             if rule is not None and rule.dim_arg is not None:
@@ -126,14 +126,15 @@ def _probe_operands(node: fx.Node, per_row: set[fx.Node], shape: tuple[int, ...]
 
 def _slice(v: Any, per_row: bool, shape: tuple[int, ...], lo: int, hi: int, row: int) -> Any:
     """Operand `v` for the piece of flat output elements [lo, hi): the same elements of a
-    full-size operand (as rows for a row kernel), the same rows of a per-row one."""
+    full-size operand (as rows of `row` elements for a row kernel, row 0 for an elementwise
+    one), the same rows of a per-row one."""
     if v.dim() == 0:
         return v
     if per_row:
         return v[lo // row:hi // row]
     if tuple(v.shape) != shape:
         return v
-    return v[lo:hi] if row == 1 else v.reshape(-1, row)[lo // row:hi // row]
+    return v[lo:hi] if row == 0 else v.reshape(-1, row)[lo // row:hi // row]
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

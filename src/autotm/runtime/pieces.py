@@ -46,6 +46,7 @@ class PieceRunner:
         self.split = set(split_inputs(graph, k))
         self.unit, self.row = piece_unit(graph, k), row_elements(graph, k)
         rule = ROW_OPS.get(kern.op)
+        self.by_rows = rule is not None  # (its pieces are (rows, row length), even for rows of 1)
         self.dim_arg = rule.dim_arg if rule else None
         self.per_row = {a for i, a in enumerate(self.node.args)
                         if rule and i in rule.per_row_args and isinstance(a, fx.Node) and a.meta["val"].dim() > 0}
@@ -77,7 +78,7 @@ class PieceRunner:
                 sources[a] = ("slow", slow[tid])
             else:
                 sources[a] = ("row" if a in self.per_row else "whole", value_of(a))
-        rows = (-1, self.row) if self.row > 1 else (-1,)
+        rows = (-1, self.row) if self.by_rows else (-1,)
         for start, stop in piece_ranges(self.nbytes, self.pieces, self.unit):
             if stop == start:
                 continue
