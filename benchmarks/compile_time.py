@@ -7,7 +7,10 @@ model then compiles twice, each time in a fresh process: into a copy of that cac
 every kernel measurement dropped (`ProfileCache.forget_kernels`: "empty" rows), then again
 into the same file ("warm" rows). Models: zoo workloads at a preset (`resnet50`,
 `transformer`, ...), hand-written nn.Modules (`mlp`, `cnn`, `lstm`) and, where torchvision
-is installed, `tv:<name>` (e.g. `tv:mobilenet_v3_small`, 64x64, batch 2).
+is installed, `tv:<name>` (e.g. `tv:mobilenet_v3_small`, 64x64, batch 2). Where the budget
+is under a model's minimum on this CPU (the cnn's batch-norm backward and its workspace at
+1:1), the row is the compile at that minimum, from the cache the failed attempt found,
+and says so in brackets, as `make demo` does.
 
 Targets (issue 33): a model of <= 1,000 kernels compiles in <= 20 s with an empty kernel
 cache once the machine's profile exists, <= 5 s with its kernels cached.
@@ -116,10 +119,27 @@ def child(a) -> None:
     out: dict = {"model": a.model}
     # the machine's row plans nothing (its one layer fits no ratio's budget)
     budget, formulation = (None, "all-fast") if a.model == "tiny" else (a.budget, a.formulation)
-    try:
-        step = autotm.compile(model, loss_fn, opt, batch, memory=a.memory, budget=budget,
-                              formulation=formulation, cache=a.cache, progress=progress,
+    before = a.cache + ".before" if os.path.exists(a.cache) else None
+    if before:
+        shutil.copy(a.cache, before)  # (a fallback starts from the cache this attempt found)
+
+    def compile_at(b):
+        return autotm.compile(model, loss_fn, opt, batch, memory=a.memory, budget=b, formulation=formulation,
+                              cache=a.cache, progress=progress,
                               **({} if a.time_limit is None else {"time_limit": a.time_limit}))
+    try:
+        try:
+            step = compile_at(budget)
+        except autotm.InfeasibleBudget as e:
+            # as the demo does: where the ratio is under this CPU's minimum (its workspaces),
+            # compile at that minimum instead, timed from the same cache, and say so
+            out["fallback"] = (f"{budget} ({e.budget:,} B) infeasible after {time.perf_counter() - t0:.1f} s; "
+                               f"at its minimum, {e.minimum:,} B")
+            if before:
+                shutil.copy(before, a.cache)
+            seen.clear()
+            t0 = time.perf_counter()
+            step = compile_at(e.minimum)
     except Exception as e:  # the stages reached, and why it stopped
         out.update(error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}", stages_started=seen,
                    seconds=time.perf_counter() - t0)
@@ -154,7 +174,7 @@ def row_text(kind: str, r: dict) -> str:
             f"{machine:8.1f} {p.get('wake', 0.0):6.1f} {p.get('kernels', 0.0):8.1f} {s['plan']:7.1f} "
             f"{s['session']:7.2f} {s['first_step']:6.2f} {r['compile_s'] + s['first_step']:8.1f}  "
             f"{r['measured']}/{r['cache_hits']} {r['status']} gap {100 * (r['gap'] or 0):.1f} % "
-            f"pred. {1e3 * (r['predicted_s'] or 0):.1f} ms")
+            f"pred. {1e3 * (r['predicted_s'] or 0):.1f} ms" + (f" [{r['fallback']}]" if r.get("fallback") else ""))
 
 
 def main() -> None:
