@@ -173,6 +173,8 @@ def _row_blocker(graph: TrainingGraph, k: int, rule: RowRule, shape: tuple[int, 
         return f"{op} reads per-row operands of a {len(shape)}-d output"
     nodes = getattr(graph.program, "kernel_nodes", None)
     if rule.dim_arg is not None and nodes is not None:
+        if len(nodes[k].args) <= rule.dim_arg:
+            return f"{op} names its dimension by keyword"  # (the pieces set it by position)
         dim = nodes[k].args[rule.dim_arg]
         if dim not in (-1, len(shape) - 1):
             return f"{op} runs along dimension {dim}, not the last: its rows are not contiguous"
