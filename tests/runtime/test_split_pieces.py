@@ -118,6 +118,9 @@ def test_the_loss_runs_in_rows_and_a_softmax_across_rows_says_why_not():
         # the targets (one per row) are read whole and sliced, not read from slow memory
         assert all(g.tensors[t].shape == (ROWS, VOCAB) for t in split_inputs(g, k)), op
     assert "not elementwise" in split_blocker(g, rows["aten.nll_loss_forward.default"])
+    node = g.program.kernel_nodes[rows["aten._log_softmax.default"]]
+    node.args, node.kwargs = node.args[:1], {"dim": node.args[1], "half_to_float": node.args[2]}
+    assert "by keyword" in split_blocker(g, rows["aten._log_softmax.default"])  # (the pieces set it by position)
 
     class Columns(nn.Module):
         def forward(self, x):
