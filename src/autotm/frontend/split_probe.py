@@ -20,7 +20,7 @@ import torch
 import torch.fx as fx
 
 from ..ir.graph import TrainingGraph
-from ..ir.split import ROW_OPS, split_blocker
+from ..ir.split import ROW_OPS, per_row_operands, piece_args, row_elements, split_blocker
 
 PROBE_ELEMENTS = 4096 + 37
 PROBE_CUTS = (1, 7, 8, 9, 100, 1023, 2500)  # piece boundaries off every vector width
@@ -40,9 +40,8 @@ def with_splittable(graph: TrainingGraph) -> TrainingGraph:
         if split_blocker(graph, k) is not None:
             continue
         node = nodes[k]
-        out = node.meta["val"]
-        row = out.shape[-1] if graph.kernels[k].op in ROW_OPS else 1  # (row length picks the code path)
-        key = (graph.kernels[k].op, str(out.dtype), _scalars(node), row)
+        # (a row kernel's row length picks its code path)
+        key = (graph.kernels[k].op, str(node.meta["val"].dtype), _scalars(node), row_elements(graph, k))
         if key not in verdict:
             verdict[key] = pieces_agree(node)
         if verdict[key]:
@@ -78,7 +77,7 @@ def _agree(node: fx.Node) -> bool:
         row = out.shape[-1]
         shape = (1,) * (out.dim() - 2) + (PROBE_ROWS, row)
         bounds = tuple(r * row for r in (0, *PROBE_ROW_CUTS, PROBE_ROWS))
-    per_row = {a for i, a in enumerate(node.args) if rule and i in rule.per_row_args and isinstance(a, fx.Node)}
+    per_row = per_row_operands(str(node.target), node.args)
     values = _probe_operands(node, per_row, shape, row)
     target: Any = node.target
     try:
@@ -88,10 +87,8 @@ def _agree(node: fx.Node) -> bool:
         parts = []
         for lo, hi in zip(bounds, bounds[1:]):
             piece = {a: _slice(v, a in per_row, shape, lo, hi, row if rule else 0) for a, v in values.items()}
-            p_args: Any = list(fx.node.map_arg(node.args, piece.__getitem__))
+            p_args: Any = piece_args(str(node.target), fx.node.map_arg(node.args, piece.__getitem__))
             p_kwargs: Any = fx.node.map_arg(node.kwargs, piece.__getitem__)
-            if rule is not None and rule.dim_arg is not None:
-                p_args[rule.dim_arg] = -1
             parts.append(target(*p_args, **p_kwargs).reshape(-1))
         pieced = torch.cat(parts)
     except Exception:  # (any kernel that cannot run so is not split)

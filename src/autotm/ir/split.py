@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from .graph import TrainingGraph
@@ -200,6 +201,25 @@ def row_elements(graph: TrainingGraph, k: int) -> int:
     if kern.op not in ROW_OPS:
         return 1
     return graph.tensors[kern.outputs[0]].shape[-1]
+
+
+def per_row_operands(op: str, args: Sequence[Any]) -> set[Any]:
+    """The traced arguments of a row kernel `op` that hold one element per row (not 0-dim):
+    each piece takes the same rows of them."""
+    rule = ROW_OPS.get(op)
+    if rule is None:
+        return set()
+    return {a for i, a in enumerate(args)
+            if i in rule.per_row_args and hasattr(a, "meta") and len(a.meta["val"].shape) > 0}
+
+
+def piece_args(op: str, args: Sequence[Any]) -> list[Any]:
+    """A piece's positional arguments: a row kernel's dimension is -1 (its pieces are 2-d)."""
+    out = list(args)
+    rule = ROW_OPS.get(op)
+    if rule is not None and rule.dim_arg is not None:
+        out[rule.dim_arg] = -1
+    return out
 
 
 def piece_unit(graph: TrainingGraph, k: int) -> int:

@@ -18,7 +18,7 @@ import torch.fx as fx
 
 from ..interpret.replay import _out_overload
 from ..ir.graph import TrainingGraph
-from ..ir.split import ROW_OPS, piece_bytes, piece_ranges, piece_unit, row_elements, split_inputs
+from ..ir.split import ROW_OPS, per_row_operands, piece_args, piece_bytes, piece_ranges, piece_unit, row_elements, split_inputs
 from ..tiers.base import MemorySystem, SlowHandle
 from ..tiers.ranges import bounce_buffer
 
@@ -45,11 +45,9 @@ class PieceRunner:
         self.nbytes = graph.tensors[kern.outputs[0]].nbytes
         self.split = set(split_inputs(graph, k))
         self.unit, self.row = piece_unit(graph, k), row_elements(graph, k)
-        rule = ROW_OPS.get(kern.op)
-        self.by_rows = rule is not None  # (its pieces are (rows, row length), even for rows of 1)
-        self.dim_arg = rule.dim_arg if rule else None
-        self.per_row = {a for i, a in enumerate(self.node.args)
-                        if rule and i in rule.per_row_args and isinstance(a, fx.Node) and a.meta["val"].dim() > 0}
+        self.op = kern.op
+        self.by_rows = kern.op in ROW_OPS  # (its pieces are (rows, row length), even for rows of 1)
+        self.per_row = per_row_operands(kern.op, self.node.args)
         self.node_tensor = graph.program.node_tensor
         self.out_overload = _out_overload(self.node.target)
 
@@ -99,10 +97,8 @@ class PieceRunner:
     def _call(self, piece: dict[fx.Node, Any], out: torch.Tensor) -> None:
         """One piece: the kernel on `piece`'s operands, into `out` (its views of the bounce
         buffers die with this frame)."""
-        args: Any = list(fx.node.map_arg(self.node.args, piece.__getitem__))
+        args: Any = piece_args(self.op, fx.node.map_arg(self.node.args, piece.__getitem__))
         kwargs: Any = dict(fx.node.map_arg(self.node.kwargs, piece.__getitem__))
-        if self.dim_arg is not None:
-            args[self.dim_arg] = -1  # (the pieces are 2-d)
         if self.out_overload is not None:
             op, name = self.out_overload
             op(*args, **kwargs, **{name: out})
