@@ -110,6 +110,9 @@ def child(a) -> None:
     import autotm
 
     model, loss_fn, opt, batch = build(a.model, a.preset)
+    before = a.cache + ".before" if os.path.exists(a.cache) else None
+    if before:
+        shutil.copy(a.cache, before)  # (a fallback starts from the cache this attempt found; not timed)
     seen: dict[str, float] = {}
     t0 = time.perf_counter()
 
@@ -119,9 +122,6 @@ def child(a) -> None:
     out: dict = {"model": a.model}
     # the machine's row plans nothing (its one layer fits no ratio's budget)
     budget, formulation = (None, "all-fast") if a.model == "tiny" else (a.budget, a.formulation)
-    before = a.cache + ".before" if os.path.exists(a.cache) else None
-    if before:
-        shutil.copy(a.cache, before)  # (a fallback starts from the cache this attempt found)
 
     def compile_at(b):
         return autotm.compile(model, loss_fn, opt, batch, memory=a.memory, budget=b, formulation=formulation,
