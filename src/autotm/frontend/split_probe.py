@@ -4,9 +4,14 @@ ir/split.py admits elementwise kernels whose operands are whole contiguous stora
 element's arithmetic must also not depend on where a piece boundary falls: ATen computes
 most elements in a vectorized body and the last few of each range in a scalar tail, and
 for a fused operation (add with alpha, addcmul, lerp) the two could round differently
-(one fused multiply-add against two roundings). Each kind of kernel (op, dtype and its
-non-tensor arguments) is run here on random operands whole and in pieces whose
-boundaries fall anywhere; it is splittable only if every bit agrees. A row kernel
+(one fused multiply-add against two roundings), and a transcendental's vector code is
+not its scalar code (sigmoid, gelu). Which elements a tail gets is not ours to choose:
+the whole kernel's threads each end their share in a tail wherever the share ends, so
+the pieces agree for every size and thread count only if both codes agree on every
+value. Each kind of kernel (op, dtype and its non-tensor arguments) is run here on random
+operands of two magnitudes whole, in pieces whose boundaries fall anywhere, and in
+pieces shorter than any vector (each element through the scalar code); it is splittable
+only if every bit agrees. A row kernel
 (ir.split.ROW_OPS) is run on PROBE_ROWS rows of its real row length, whole in its own
 rank and in pieces of 1 to 5 rows as the executor runs them (2-d views, dimension -1).
 """
@@ -24,6 +29,8 @@ from ..ir.split import ROW_OPS, per_row_operands, piece_args, row_elements, spli
 
 PROBE_ELEMENTS = 4096 + 37
 PROBE_CUTS = (1, 7, 8, 9, 100, 1023, 2500)  # piece boundaries off every vector width
+SCALAR_PIECES = (1, 2, 3, 5, 7)  # piece lengths under every vector width, in turn
+SCALAR_ELEMENTS = 2048  # elements run so (the rest one piece): ~560 calls per kind
 PROBE_ROWS = 13
 PROBE_ROW_CUTS = (1, 2, 5, 8)
 
@@ -72,11 +79,12 @@ def _agree(node: fx.Node) -> bool:
     out = node.meta["val"]
     rule = ROW_OPS.get(str(node.target))
     if rule is None:
-        shape, row, bounds = (PROBE_ELEMENTS,), 1, (0, *PROBE_CUTS, PROBE_ELEMENTS)
+        shape, row = (PROBE_ELEMENTS,), 1
+        cuts: list[tuple[int, ...]] = [(0, *PROBE_CUTS, PROBE_ELEMENTS), (*_scalar_bounds(SCALAR_ELEMENTS), PROBE_ELEMENTS)]
     else:
         row = out.shape[-1]
         shape = (1,) * (out.dim() - 2) + (PROBE_ROWS, row)
-        bounds = tuple(r * row for r in (0, *PROBE_ROW_CUTS, PROBE_ROWS))
+        cuts = [tuple(r * row for r in (0, *PROBE_ROW_CUTS, PROBE_ROWS))]
     per_row = per_row_operands(str(node.target), node.args)
     values = _probe_operands(node, per_row, shape, row)
     target: Any = node.target
@@ -84,18 +92,30 @@ def _agree(node: fx.Node) -> bool:
         args: Any = fx.node.map_arg(node.args, values.__getitem__)
         kwargs: Any = fx.node.map_arg(node.kwargs, values.__getitem__)
         whole = target(*args, **kwargs)
-        parts = []
-        for lo, hi in zip(bounds, bounds[1:]):
-            piece = {a: _slice(v, a in per_row, shape, lo, hi, row if rule else 0) for a, v in values.items()}
-            p_args: Any = piece_args(str(node.target), fx.node.map_arg(node.args, piece.__getitem__))
-            p_kwargs: Any = fx.node.map_arg(node.kwargs, piece.__getitem__)
-            parts.append(target(*p_args, **p_kwargs).reshape(-1))
-        pieced = torch.cat(parts)
+        if whole.dtype != out.dtype:
+            return False
+        for bounds in cuts:
+            parts = []
+            for lo, hi in zip(bounds, bounds[1:]):
+                piece = {a: _slice(v, a in per_row, shape, lo, hi, row if rule else 0) for a, v in values.items()}
+                p_args: Any = piece_args(str(node.target), fx.node.map_arg(node.args, piece.__getitem__))
+                p_kwargs: Any = fx.node.map_arg(node.kwargs, piece.__getitem__)
+                parts.append(target(*p_args, **p_kwargs).reshape(-1))
+            pieced = torch.cat(parts)
+            if pieced.numel() != whole.numel() or not torch.equal(_bits(whole.reshape(-1)), _bits(pieced)):
+                return False
     except Exception:  # (any kernel that cannot run so is not split)
         return False
-    if whole.dtype != out.dtype or pieced.numel() != whole.numel():
-        return False
-    return bool(torch.equal(_bits(whole.reshape(-1)), _bits(pieced)))
+    return True
+
+
+def _scalar_bounds(n: int) -> tuple[int, ...]:
+    """Boundaries of pieces 1, 2, 3, 5, 7, 1, ... elements long from 0 to n."""
+    bounds, i = [0], 0
+    while bounds[-1] < n:
+        bounds.append(min(n, bounds[-1] + SCALAR_PIECES[i % len(SCALAR_PIECES)]))
+        i += 1
+    return tuple(bounds)
 
 
 def _probe_operands(node: fx.Node, per_row: set[fx.Node], shape: tuple[int, ...], row: int) -> dict[fx.Node, Any]:
@@ -115,8 +135,9 @@ def _probe_operands(node: fx.Node, per_row: set[fx.Node], shape: tuple[int, ...]
             size = shape
         else:
             size = tuple(v.shape)
-        if v.dtype.is_floating_point:
-            return (torch.rand(size, generator=gen, dtype=torch.float64) * 4 - 2).to(v.dtype)
+        if v.dtype.is_floating_point:  # (half in [-2, 2], half in [-32, 32])
+            scale = torch.where(torch.arange(size[-1]) % 2 == 0, 2.0, 32.0).to(torch.float64)
+            return ((torch.rand(size, generator=gen, dtype=torch.float64) * 2 - 1) * scale).to(v.dtype)
         return torch.randint(0 if a in per_row else -100, row if a in per_row else 100, size, generator=gen).to(v.dtype)
     return {a: operand(a) for a in node.all_input_nodes}
 
