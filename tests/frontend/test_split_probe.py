@@ -36,15 +36,18 @@ KINDS = [
 ELEMENTS = 3 * 65536 + 24
 
 
-def _node(op, inputs, args, kwargs):
+BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float64: torch.int64}
+
+
+def _node(op, inputs, args, kwargs, dtype):
     graph = fx.Graph()
     xs = []
     for i in range(inputs):
         x = graph.placeholder(f"x{i}")
-        x.meta["val"] = torch.empty(ELEMENTS)
+        x.meta["val"] = torch.empty(ELEMENTS, dtype=dtype)
         xs.append(x)
     y = graph.call_function(op, (*xs, *args), kwargs)
-    y.meta["val"] = torch.empty(ELEMENTS)
+    y.meta["val"] = torch.empty(ELEMENTS, dtype=dtype)
     return y
 
 
@@ -52,22 +55,24 @@ def test_every_kind_here_is_in_the_split_list():
     assert {str(op) for op, *_ in KINDS} <= SPLIT_OPS
 
 
-@pytest.mark.parametrize("threads", [2, 3])
-@pytest.mark.parametrize(("op", "inputs", "args", "kwargs"), KINDS, ids=lambda v: str(v))
-def test_a_kind_the_probe_admits_gives_the_whole_kernels_bits_at_real_sizes(op, inputs, args, kwargs, threads):
-    if not pieces_agree(_node(op, inputs, args, kwargs)):
+@pytest.mark.parametrize(("dtype", "threads"), [(torch.float32, 2), (torch.float32, 3), (torch.bfloat16, 2),
+                                                (torch.float64, 3)], ids=str)
+@pytest.mark.parametrize(("op", "inputs", "args", "kwargs"), KINDS, ids=str)
+def test_a_kind_the_probe_admits_gives_the_whole_kernels_bits_at_real_sizes(op, inputs, args, kwargs, dtype, threads):
+    if not pieces_agree(_node(op, inputs, args, kwargs, dtype)):
         return  # (refused here: it never runs in pieces on this machine)
     gen = torch.Generator().manual_seed(threads)
     scale = torch.where(torch.arange(ELEMENTS) % 3 == 0, 40.0, 3.0).to(torch.float64)
-    xs = [((torch.rand(ELEMENTS, generator=gen, dtype=torch.float64) * 2 - 1) * scale).float() for _ in range(inputs)]
+    xs = [((torch.rand(ELEMENTS, generator=gen, dtype=torch.float64) * 2 - 1) * scale).to(dtype) for _ in range(inputs)]
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         whole = op(*xs, *args, **kwargs)
         for pieces in (2, 7, 64):
-            ranges = piece_ranges(ELEMENTS * 4, pieces, PIECE_ALIGN)
-            got = torch.cat([op(*(x[a // 4:b // 4] for x in xs), *args, **kwargs) for a, b in ranges])
-            assert torch.equal(whole.view(torch.int32), got.view(torch.int32)), \
-                f"{op} admitted by the probe, but {pieces} pieces on {threads} threads give other bits"
+            size = whole.element_size()
+            ranges = piece_ranges(ELEMENTS * size, pieces, PIECE_ALIGN)
+            got = torch.cat([op(*(x[a // size:b // size] for x in xs), *args, **kwargs) for a, b in ranges])
+            assert torch.equal(whole.view(BITS[dtype]), got.view(BITS[dtype])), \
+                f"{op} ({dtype}) admitted by the probe, but {pieces} pieces on {threads} threads give other bits"
     finally:
         torch.set_num_threads(before)
