@@ -1,10 +1,12 @@
 """Kernels that run in pieces (ir/split.py): which may, that their pieces give the bits
 of the whole kernel with inputs read from a real slow tier, and that training at a
-budget only pieces make feasible is bit-identical to eager PyTorch. Two models: a wide
-layer (its update splits elementwise) and a language-model head over a 4,096-word
-vocabulary (its loss's softmax and backward split by rows)."""
+budget only pieces make feasible is bit-identical to eager PyTorch. Three models: a wide
+layer (its update splits elementwise), a language-model head over an 8,192-word
+vocabulary (its loss's softmax and backward split by rows, its matmuls by blocks, one of
+them read row by row) and a self-attention."""
 
 import copy
+import re
 
 import pytest
 import torch
@@ -18,10 +20,12 @@ from autotm.checks.validate import validate
 from autotm.frontend.capture import capture
 from autotm.frontend.split_probe import pieces_agree
 from autotm.interpret.replay import Replay, TrainingState
-from autotm.ir.split import PIECE_ALIGN, piece_ranges, piece_unit, split_blocker, split_inputs, with_pieces
+from autotm.errors import GraphError
+from autotm.ir.split import (GEMM_OPS, PIECE_ALIGN, gemm_split, kernel_pieces, piece_ranges, piece_unit, split_blocker,
+                             split_inputs, with_pieces)
 from autotm.planner.floor import accounting, smallest_feasible
 from autotm.profile import profile
-from autotm.runtime.pieces import PieceRunner
+from autotm.runtime.pieces import piece_runner
 from autotm.tiers import make_memory_system
 from eager_twin import compare_state, eager_step
 
@@ -37,11 +41,11 @@ def wide_model():
     return nn.Sequential(nn.Linear(256, 2048), nn.ReLU(), nn.Linear(2048, 8))
 
 
-VOCAB, ROWS = 4096, 256
+VOCAB, ROWS = 8192, 256
 
 
 class LanguageModelHead(nn.Module):
-    """Embedding and a projection to the vocabulary: its logits (4 MiB) and their
+    """Embedding and a projection to the vocabulary: its logits (8 MiB) and their
     gradient set the smallest budget whole, in the loss's log-softmax backward."""
 
     def __init__(self):
@@ -96,14 +100,23 @@ def captured(optimizer, model="wide"):
 
 
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
-def test_the_updates_may_run_in_pieces_and_the_matmuls_say_why_not(optimizer):
+def test_the_updates_may_run_in_pieces_and_the_matmuls_by_blocks_of_their_larger_input(optimizer):
     g, _ = captured(optimizer)
     updates = [k.index for k in g.kernels if k.phase == "optimizer" and g.tensors[k.outputs[0]].nbytes > 4]
     assert updates and set(updates) <= g.splittable
-    for k in g.kernels:
-        if "mm" in k.op:
-            assert k.index not in g.splittable
-            assert "not elementwise" in split_blocker(g, k.index)
+    matmuls = [k for k in g.kernels if k.op in GEMM_OPS]
+    assert matmuls and any(k.index in g.splittable for k in matmuls)
+    for k in matmuls:
+        if k.index in g.splittable:
+            cut = gemm_split(g, k.index)
+            assert split_inputs(g, k.index) == (cut.operand.tensor,)
+            assert g.tensors[cut.operand.tensor].nbytes == max(g.tensors[t].nbytes for t in k.inputs)
+        else:  # (the 2 x 8 logits' matmuls hold too little to matter; the weight's gradient
+            # reads a 2 x 2,048 gradient: too few bytes for one block)
+            assert re.search("not tried in pieces|too few to cut", split_blocker(g, k.index))
+    k = next(k.index for k in matmuls if k.index in g.splittable)
+    with pytest.raises(GraphError, match="blocks"):  # (only the blocks the probe checked)
+        with_pieces(g, {k: kernel_pieces(g, k) + 1})
 
 
 def test_the_loss_runs_in_rows_and_a_softmax_across_rows_says_why_not():
@@ -172,18 +185,22 @@ class _PiecesBesideWhole(Replay):
         super().__init__(graph)
         self.pieces, self.slow_every, self.memory = pieces, slow_every, memory
         self.checked: dict[int, bool] = {}
+        self.gemms = {kn.index for kn in graph.kernels if kn.op in GEMM_OPS}  # (in the probe's blocks only)
 
     def run_kernel(self, k):
         if k in self.graph.splittable:
             args, kwargs = self.operands(k)
-            whole = self.program.kernel_nodes[k].target(*args, **kwargs)
-            split = with_pieces(self.graph, {k: self.pieces})
+            node = self.program.kernel_nodes[k]
+            whole = node.target(*args, **kwargs)
+            # each operand as the kernel reads it (a view of its storage: W.t() for a Linear)
+            read = dict(zip(node.args, args)) | {node.kwargs[n]: v for n, v in kwargs.items()}
+            split = with_pieces(self.graph, {k: kernel_pieces(self.graph, k) if k in self.gemms else self.pieces})
             ins = split_inputs(split, k)
             slow = {t: self.memory.to_slow(t, self.env[t]) for i, t in enumerate(ins) if i % self.slow_every == 0}
             try:
-                got = PieceRunner(split, k, self.memory).run(
+                got = piece_runner(split, k, self.memory).run(
                     {t: self.env[t] for t in ins if t not in slow}, slow,
-                    lambda a: self.env[self.program.node_tensor[a]])
+                    read.__getitem__)
             finally:
                 for h in slow.values():
                     self.memory.free_slow(h)
@@ -224,8 +241,10 @@ def test_training_where_only_pieces_fit_is_bit_identical_to_eager(model_name, op
         assert p.split and p.meta.budget_bytes < whole.bytes
         steps = validate(p, g).steps
         assert any(s.slow_operands for s in steps if s.kernel in dict(p.split))  # (read from slow memory)
-        if model_name == "lm":
-            assert {g.kernels[k].op for k, _ in p.split} >= {"aten._log_softmax_backward_data.default"}
+        if model_name == "lm":  # (the head's three matmuls too: its logits, their gradient and the weight's)
+            assert {g.kernels[k].op for k, _ in p.split} >= {"aten._log_softmax_backward_data.default",
+                                                              "aten.addmm.default", "aten.mm.default"}
+            assert any(gemm_split(g, k).stored_cut == 1 for k, _ in p.split if g.kernels[k].op in GEMM_OPS)
         for i, batch in enumerate(batches(model=model_name)):
             torch.manual_seed(i)
             got = step(*batch)

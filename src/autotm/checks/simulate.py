@@ -35,7 +35,9 @@ rejects is rejected here too) and charges, with c = cost_model:
            c.move_seconds(m.nbytes, dir(m), "async") > K_{k-1} (CostModel.woken); else 0
     W_k  = c.wake_seconds[k]: what kernels k and k + 1 lose then (0 where not profiled)
     R_k  = (staged access, a kernel that runs in pieces, ir/split.py) sum over its inputs
-           in slow memory of c.move_seconds(nbytes, "to_fast", "sync"): the pieces' reads
+           in slow memory of c.move_seconds(nbytes, "to_fast", "sync"), or one such read
+           per stored row of each strided block of a matmul (ir.split.piece_read_seconds):
+           the pieces' reads
            (counted in sync_move_seconds; they do not count as a wake: u_k is as above)
     T_in = sum over graph inputs that start slow and are not carried between iterations
            (the batch, per-iteration scalars) of c.move_seconds(nbytes, "to_slow", "sync")
@@ -61,6 +63,7 @@ import numpy as np
 from ..ir.costmodel import CostModel, operand_tensors
 from ..ir.graph import TrainingGraph
 from ..ir.plan import Plan, PlanError, plan_graph
+from ..ir.split import piece_read_seconds
 from .validate import Move, PlanReplay
 
 _DIRECTION = {"evict": "to_slow", "prefetch": "to_fast"}
@@ -143,7 +146,8 @@ def simulate(plan: Plan, graph: TrainingGraph, cost_model: CostModel) -> Simulat
         k = step.kernel
         s = sum(_move_seconds(cm, m, "sync") for m in step.sync_moves)
         if not direct and step.slow_operands:  # a split kernel reads these piece by piece
-            s_reads = sum(cm.move_seconds(graph.tensors[t].nbytes, "to_fast", "sync") for t in step.slow_operands)
+            s_reads = sum(piece_read_seconds(graph, k, t, lambda n: cm.move_seconds(n, "to_fast", "sync"))
+                          for t in step.slow_operands)
             sync_total += s_reads
         copies = [(m.nbytes, _DIRECTION[m.action.kind]) for m in step.async_moves if m.action.kind in _DIRECTION]
         a = cm.async_seconds(copies)

@@ -14,6 +14,8 @@ pieces shorter than any vector (each element through the scalar code); it is spl
 only if every bit agrees. A row kernel
 (ir.split.ROW_OPS) is run on PROBE_ROWS rows of its real row length, whole in its own
 rank and in pieces of 1 to 5 rows as the executor runs them (2-d views, dimension -1).
+A matmul (ir.split.GEMM_OPS) is run at its real shapes and layouts, whole and in the
+blocks the executor will run it in: which GEMM code a shape takes is the library's.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ import torch
 import torch.fx as fx
 
 from ..ir.graph import TrainingGraph
-from ..ir.split import ROW_OPS, per_row_operands, piece_args, row_elements, split_blocker
+from ..ir.split import (GEMM_OPS, ROW_OPS, gemm_block, gemm_piece_args, gemm_pieces, gemm_ranges, gemm_split,
+                        per_row_operands, piece_args, row_elements, split_blocker)
 
 PROBE_ELEMENTS = 4096 + 37
 PROBE_CUTS = (1, 7, 8, 9, 100, 1023, 2500)  # piece boundaries off every vector width
 SCALAR_PIECES = (1, 2, 3, 5, 7)  # piece lengths under every vector width, in turn
+GEMM_PROBE_PERIOD = 1_000_003  # elements (a prime: each row of a matrix starts elsewhere in it)
 SCALAR_ELEMENTS = 2048  # elements run so (the rest one piece): ~560 calls per kind
 PROBE_ROWS = 13
 PROBE_ROW_CUTS = (1, 2, 5, 8)
@@ -47,8 +51,14 @@ def with_splittable(graph: TrainingGraph) -> TrainingGraph:
         if split_blocker(graph, k) is not None:
             continue
         node = nodes[k]
-        # (a row kernel's row length picks its code path)
-        key = (graph.kernels[k].op, str(node.meta["val"].dtype), _scalars(node), row_elements(graph, k))
+        if graph.kernels[k].op in GEMM_OPS:  # (its shapes pick its code path)
+            key: tuple = (graph.kernels[k].op, _scalars(node), gemm_pieces(graph, k), gemm_split(graph, k).axis,
+                          *((tuple(a.meta["val"].shape), a.meta["val"].stride(), str(a.meta["val"].dtype))
+                            for a in node.all_input_nodes))
+            if key not in verdict:
+                verdict[key] = gemm_agrees(graph, k)
+        else:  # (a row kernel's row length picks its code path)
+            key = (graph.kernels[k].op, str(node.meta["val"].dtype), _scalars(node), row_elements(graph, k))
         if key not in verdict:
             verdict[key] = pieces_agree(node)
         if verdict[key]:
@@ -116,6 +126,42 @@ def _scalar_bounds(n: int) -> tuple[int, ...]:
         bounds.append(min(n, bounds[-1] + SCALAR_PIECES[i % len(SCALAR_PIECES)]))
         i += 1
     return tuple(bounds)
+
+
+def gemm_agrees(graph: TrainingGraph, k: int) -> bool:
+    """Does matmul k give the same bits whole and in its blocks (ir.split.gemm_split,
+    gemm_pieces), on random operands of its real shapes and layouts?"""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    node = graph.program.kernel_nodes[k]
+    split, pieces = gemm_split(graph, k), gemm_pieces(graph, k)
+    gen = torch.Generator().manual_seed(0)
+
+    def operand(a: fx.Node) -> torch.Tensor:
+        v = a.meta["val"]
+        n = sum((s - 1) * st for s, st in zip(v.shape, v.stride())) + 1 + v.storage_offset() if v.numel() else 0
+        # (random values repeating every GEMM_PROBE_PERIOD: a 392 MiB weight in 0.1 s, not 1.3)
+        period = min(n, GEMM_PROBE_PERIOD)
+        once = torch.rand(period, generator=gen, dtype=torch.float32).mul_(4).sub_(2)
+        base = once.repeat(-(-n // max(period, 1)))[:n].to(v.dtype)
+        return base.as_strided(tuple(v.shape), tuple(v.stride()), v.storage_offset())
+    with unset_fake_temporarily():
+        values = {a: operand(a) for a in node.all_input_nodes}
+        target: Any = node.target
+        try:
+            args: Any = fx.node.map_arg(node.args, values.__getitem__)
+            kwargs: Any = fx.node.map_arg(node.kwargs, values.__getitem__)
+            whole = target(*args, **kwargs)
+            cut = args[GEMM_OPS[str(node.target)].a if split.axis == 0 else GEMM_OPS[str(node.target)].b]
+            for i0, i1 in gemm_ranges(split.extent, pieces):
+                block = gemm_block(cut, split, i0, i1)
+                got = target(*gemm_piece_args(str(node.target), args, split, block, i0, i1), **kwargs)
+                want = whole[i0:i1] if split.axis == 0 else whole[:, i0:i1]
+                if got.shape != want.shape or not torch.equal(_bits(got.contiguous()), _bits(want.contiguous())):
+                    return False
+        except Exception:  # (any kernel that cannot run so is not split)
+            return False
+    return True
 
 
 def _probe_operands(node: fx.Node, per_row: set[fx.Node], shape: tuple[int, ...], row: int) -> dict[fx.Node, Any]:

@@ -15,6 +15,17 @@ that the arithmetic of an element does not depend on whether the kernel's vector
 or its scalar tail computed it, or on how many rows a call holds, is checked on the
 machine by frontend/split_probe.py before a kernel is marked splittable.
 
+A matmul of GEMM_OPS (C = A @ B, + bias) runs by blocks of C's rows or columns: rows
+i0..i1 of C read rows i0..i1 of A and all of B, columns j0..j1 read all of A and columns
+j0..j1 of B (and of the bias). The pieces cut the larger input, which they read a block at
+a time; the other must be in fast memory. A block of a transposed operand is strided in
+its storage (a column block of the stored matrix): it is read row by row into a compact
+block. Its sums run over the same K in the same order in every piece, but which GEMM code
+path a shape takes is the library's choice, so split_probe.py runs each matmul at its real
+shapes, whole and in its real pieces, before it is marked splittable; and only matmuls
+that hold a sixteenth of the graph's peak or more are tried (smaller ones never decide a
+budget at the ratios planned, and each probe costs two real matmuls).
+
 A split kernel runs its pieces in order over the flat index; an input absent from fast
 memory there is read from its slow copy slice by slice through a bounce buffer of one
 piece (runtime/pieces.py), so the kernel holds its output, its inputs in fast memory
@@ -25,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from .graph import TrainingGraph
@@ -66,6 +77,22 @@ ROW_OPS = {
     # zero but at target[i]; grad_output is per row only for reduction="none"
     "aten.nll_loss_backward.default": RowRule(None, (0, 2)),
 }
+
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmRule:
+    """Positions of a matmul's operands: C = bias + A @ B (beta and alpha scale them)."""
+
+    a: int
+    b: int
+    bias: int | None = None
+
+
+GEMM_OPS = {"aten.mm.default": GemmRule(0, 1), "aten.addmm.default": GemmRule(1, 2, 0)}
+GEMM_ALIGN = 64  # rows or columns: a block a multiple of every GEMM micro-kernel's tile
+GEMM_PEAK_SHARE = 16  # a matmul is tried in pieces only if it holds >= 1/16 of the peak
+GEMM_STRIDED_READ = 16 * 1024  # bytes at least per read where a block is read row by row
 PIECE_ALIGN = 4096  # bytes: a piece starts on a direct-I/O boundary
 MIN_PIECE_BYTES = 64 * 1024  # smaller pieces cost more in calls than they save in memory
 MAX_PIECES = 64
@@ -132,6 +159,8 @@ def _role(kern_op: str, o: Operand, shape: tuple[int, ...]) -> str:
 def split_blocker(graph: TrainingGraph, k: int) -> str | None:
     """Why kernel k cannot run in pieces (None: it can, once the probe agrees)."""
     kern = graph.kernels[k]
+    if kern.op in GEMM_OPS:
+        return gemm_blocker(graph, k)
     rule = ROW_OPS.get(kern.op)
     if kern.op not in SPLIT_OPS and rule is None:
         return f"{kern.op} is not elementwise: an output element reads more than one element of an input"
@@ -186,6 +215,8 @@ def split_inputs(graph: TrainingGraph, k: int) -> tuple[int, ...]:
     """The inputs of split kernel k that it may read from slow memory: those the size of
     its output, split with it (not scalars, per-row targets or class weights)."""
     kern = graph.kernels[k]
+    if kern.op in GEMM_OPS:
+        return (gemm_split(graph, k).operand.tensor,)
     out = graph.tensors[kern.outputs[0]]
     operands = _operands(graph, k)
     out_value = _out_value(graph, k)
@@ -267,7 +298,9 @@ def pieces_for(nbytes: int, unit: int = PIECE_ALIGN) -> int:
 
 
 def kernel_pieces(graph: TrainingGraph, k: int) -> int:
-    """pieces_for kernel k's output and piece unit."""
+    """pieces_for kernel k's output and piece unit (a matmul: gemm_pieces)."""
+    if graph.kernels[k].op in GEMM_OPS:
+        return gemm_pieces(graph, k)
     return pieces_for(graph.tensors[graph.kernels[k].outputs[0]].nbytes, piece_unit(graph, k))
 
 
@@ -290,12 +323,26 @@ def piece_reads(graph: TrainingGraph) -> dict[int, frozenset[int]]:
     return {kn.index: frozenset(split_inputs(graph, kn.index)) for kn in graph.kernels if kn.pieces > 1}
 
 
+def piece_read_seconds(graph: TrainingGraph, k: int, t: int, seconds: Callable[[int], float]) -> float:
+    """What split kernel k pays to read input t from slow memory, given the seconds of one
+    blocking read of n bytes: one read's worth of the whole tensor (its ranges follow one
+    another), or for a matmul's strided blocks one read per stored row of each block."""
+    kern = graph.kernels[k]
+    if kern.op in GEMM_OPS and kern.pieces > 1:
+        cut = gemm_split(graph, k)
+        if cut.stored_cut == 1 and cut.operand.tensor == t:
+            return sum(cut.stored[0] * seconds((i1 - i0) * cut.itemsize) for i0, i1 in gemm_ranges(cut.extent, kern.pieces))
+    return seconds(graph.tensors[t].nbytes)
+
+
 def bounce_bytes(graph: TrainingGraph, k: int) -> int:
     """Bytes kernel k needs beyond its fast operands when it runs in pieces: one piece of
     each input it may read from slow memory (0 for an unsplit kernel)."""
     kern = graph.kernels[k]
     if kern.pieces <= 1:
         return 0
+    if kern.op in GEMM_OPS:
+        return gemm_bounce_bytes(graph, k, kern.pieces)
     unit = piece_unit(graph, k)
     return sum(piece_bytes(graph.tensors[t].nbytes, kern.pieces, unit) for t in split_inputs(graph, k))
 
@@ -310,6 +357,12 @@ def with_pieces(graph: TrainingGraph, pieces: dict[int, int]) -> TrainingGraph:
         from ..errors import GraphError
         raise GraphError(f"kernel {bad[0]} ({graph.kernels[bad[0]].op}) cannot run in pieces: "
                          f"{split_blocker(graph, bad[0]) or 'its pieces were not checked bit-identical'}")
+    odd = [(k, p) for k, p in pieces.items() if p > 1 and graph.kernels[k].op in GEMM_OPS and p != gemm_pieces(graph, k)]
+    if odd:
+        from ..errors import GraphError
+        k, p = odd[0]
+        raise GraphError(f"kernel {k} ({graph.kernels[k].op}) runs in {gemm_pieces(graph, k)} blocks, the ones the "
+                         f"probe checked bit-identical, not {p}")
     kernels = tuple(dataclasses.replace(kn, pieces=pieces[kn.index]) if kn.index in pieces else kn
                     for kn in graph.kernels)
     return dataclasses.replace(graph, kernels=kernels)
@@ -318,3 +371,160 @@ def with_pieces(graph: TrainingGraph, pieces: dict[int, int]) -> TrainingGraph:
 def split_of(graph: TrainingGraph) -> tuple[tuple[int, int], ...]:
     """(kernel, pieces) of every split kernel, as a plan records them."""
     return tuple((kn.index, kn.pieces) for kn in graph.kernels if kn.pieces > 1)
+
+
+# ---- matmuls in pieces (GEMM_OPS) ----------------------------------------------------
+
+
+class GemmSplit(NamedTuple):
+    """How a matmul C = A @ B runs in pieces: by blocks of C's rows (axis 0: A cut, B
+    whole) or columns (axis 1: B cut, A whole, and the bias with it)."""
+
+    axis: int
+    operand: Operand  # the input read a block at a time
+    extent: int  # C's rows (axis 0) or columns (axis 1)
+    stored: tuple[int, int]  # the operand's storage as a row-major matrix
+    transposed: bool  # the operand is the transpose of that matrix
+    itemsize: int
+
+    @property
+    def stored_cut(self) -> int:
+        """The stored matrix's dimension the blocks cut (1: a range per stored row)."""
+        return 1 - self.axis if self.transposed else self.axis
+
+    def block_shape(self, i0: int, i1: int) -> tuple[int, int]:
+        """A block's compact shape, as stored (row-major)."""
+        p, q = self.stored
+        return (i1 - i0, q) if self.stored_cut == 0 else (p, i1 - i0)
+
+    def block_bytes(self, i0: int, i1: int) -> int:
+        r, c = self.block_shape(i0, i1)
+        return r * c * self.itemsize
+
+    def segments(self, i0: int, i1: int) -> list[tuple[int, int]]:
+        """The block's [start, stop) byte ranges in the operand's storage, in order."""
+        p, q = self.stored
+        s = self.itemsize
+        if self.stored_cut == 0:
+            return [(i0 * q * s, i1 * q * s)]
+        return [((r * q + i0) * s, (r * q + i1) * s) for r in range(p)]
+
+
+def _stored(o: Operand, nbytes: int) -> tuple[tuple[int, int], bool] | None:
+    """(stored matrix, transposed) of a 2-d operand that views all of a contiguous storage
+    as it is or transposed; None for any other view."""
+    if len(o.shape) != 2 or o.offset != 0 or _numel(o.shape) * _itemsize(o.dtype) != nbytes:
+        return None
+    r, c = o.shape
+    if (r == 1 or o.stride[0] == c) and (c == 1 or o.stride[1] == 1):
+        return (r, c), False
+    if (r == 1 or o.stride[0] == 1) and (c == 1 or o.stride[1] == r):
+        return (c, r), True
+    return None
+
+
+def _gemm_operands(graph: TrainingGraph, k: int) -> tuple[Operand, Operand, Operand | None] | str:
+    """(A, B, bias) of matmul k, or why they cannot be cut."""
+    kern = graph.kernels[k]
+    rule = GEMM_OPS[kern.op]
+    operands = _operands(graph, k)
+    if isinstance(operands, str):
+        return operands
+    by_pos = {o.position: o for o in operands}
+    a, b = by_pos.get(rule.a), by_pos.get(rule.b)
+    if a is None or b is None:
+        return f"{kern.op} names its matrices by keyword"
+    return a, b, by_pos.get(rule.bias) if rule.bias is not None else None
+
+
+def gemm_blocker(graph: TrainingGraph, k: int) -> str | None:
+    """Why matmul k cannot run by blocks of its output's rows or columns (None: it can,
+    once the probe agrees at its real shapes)."""
+    kern = graph.kernels[k]
+    ops = _gemm_operands(graph, k)
+    if isinstance(ops, str):
+        return ops
+    a, b, bias = ops
+    out = graph.tensors[kern.outputs[0]]
+    out_value = _out_value(graph, k)
+    if out_value is None or len(kern.outputs) != 1 or not _whole(out_value, out.nbytes, out.dtype):
+        return f"{kern.op}'s output is not the whole of a contiguous storage"
+    if not _dtype(out.dtype).startswith(("float", "bfloat")):
+        return f"{kern.op} multiplies {out.dtype} matrices"
+    if a.tensor == b.tensor:
+        return f"{kern.op} multiplies a matrix by itself"
+    for name, o in (("A", a), ("B", b)):
+        if _stored(o, graph.tensors[o.tensor].nbytes) is None:
+            return (f"{kern.op} reads {graph.tensors[o.tensor].name} ({name}) through a view that is not its "
+                    "whole storage, as it is or transposed")
+    if bias is not None and (bias.shape != (b.shape[1],) or bias.stride != (1,) or bias.offset != 0):
+        return f"{kern.op} adds a bias of shape {bias.shape}, not one value per column"
+    held = sum(graph.tensors[t].nbytes for t in set(kern.inputs) | set(kern.outputs))
+    if held * GEMM_PEAK_SHARE < graph.peak_live_bytes:
+        return (f"{kern.op} holds {held:,} bytes, under 1/{GEMM_PEAK_SHARE} of the graph's peak: not tried "
+                "in pieces (each try runs the matmul twice at capture)")
+    split = gemm_split(graph, k)
+    if split.extent < 2 * GEMM_ALIGN:
+        return f"{kern.op}'s output has {split.extent} {'rows' if split.axis == 0 else 'columns'}, too few to cut"
+    if gemm_pieces(graph, k) < 2:
+        return f"{kern.op} reads {graph.tensors[split.operand.tensor].nbytes:,} bytes at most, too few to cut"
+    return None
+
+
+def gemm_split(graph: TrainingGraph, k: int) -> GemmSplit:
+    """The cut of matmul k (gemm_blocker says it has one): along the larger input."""
+    ops = _gemm_operands(graph, k)
+    assert not isinstance(ops, str)
+    a, b, _ = ops
+    axis = 0 if graph.tensors[a.tensor].nbytes >= graph.tensors[b.tensor].nbytes else 1
+    o = a if axis == 0 else b
+    stored = _stored(o, graph.tensors[o.tensor].nbytes)
+    assert stored is not None
+    return GemmSplit(axis, o, a.shape[0] if axis == 0 else b.shape[1], stored[0], stored[1], _itemsize(o.dtype))
+
+
+def gemm_pieces(graph: TrainingGraph, k: int) -> int:
+    """How many blocks matmul k runs in: as many as MAX_PIECES of at least MIN_PIECE_BYTES
+    and GEMM_ALIGN rows or columns allow, and where a block is read row by row, as many as
+    leave each read GEMM_STRIDED_READ bytes (each read costs a device round trip)."""
+    split = gemm_split(graph, k)
+    n = min(MAX_PIECES, graph.tensors[split.operand.tensor].nbytes // MIN_PIECE_BYTES, split.extent // GEMM_ALIGN)
+    if split.stored_cut == 1:
+        n = min(n, split.stored[1] * split.itemsize // GEMM_STRIDED_READ)
+    return max(1, n)
+
+
+def gemm_ranges(extent: int, pieces: int) -> list[tuple[int, int]]:
+    """[i0, i1) of the blocks: GEMM_ALIGN-multiples long, all but the last alike."""
+    step = -(-extent // max(1, pieces))
+    step = -(-step // GEMM_ALIGN) * GEMM_ALIGN
+    return [(i, min(extent, i + step)) for i in range(0, extent, step)]
+
+
+def gemm_bounce_bytes(graph: TrainingGraph, k: int, pieces: int) -> int:
+    """A block of the cut input and the block of the output each piece computes."""
+    split = gemm_split(graph, k)
+    out = graph.tensors[graph.kernels[k].outputs[0]]
+    rows, cols = out.shape
+    ranges = gemm_ranges(split.extent, pieces)
+    per_index = (cols if split.axis == 0 else rows) * _itemsize(out.dtype)
+    return max(split.block_bytes(i0, i1) + (i1 - i0) * per_index for i0, i1 in ranges)
+
+
+def gemm_block(value: Any, split: GemmSplit, i0: int, i1: int) -> Any:
+    """Block [i0, i1) of the cut operand (a tensor in fast memory) in the layout a block
+    read from slow memory has: compact as stored, transposed as the operand is."""
+    stored = value.t() if split.transposed else value
+    block = stored[i0:i1] if split.stored_cut == 0 else stored[:, i0:i1].contiguous()
+    return block.t() if split.transposed else block
+
+
+def gemm_piece_args(op: str, args: Sequence[Any], split: GemmSplit, block: Any, i0: int, i1: int) -> list[Any]:
+    """A piece's positional arguments: the block in place of the cut operand, and for a
+    block of columns the bias's same columns."""
+    rule = GEMM_OPS[op]
+    out = list(args)
+    out[rule.a if split.axis == 0 else rule.b] = block
+    if split.axis == 1 and rule.bias is not None:
+        out[rule.bias] = out[rule.bias][i0:i1]
+    return out

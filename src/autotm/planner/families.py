@@ -153,10 +153,13 @@ def staged_intervals(layout: StagedLayout) -> list[Interval]:
     return iv
 
 
-def piece_reads(V: Vars, layout: StagedLayout, reads: dict[int, frozenset[int]], cost: CostModel) -> None:
+def piece_reads(V: Vars, layout: StagedLayout, reads: dict[int, frozenset[int]],
+                read_seconds: Callable[[int, int], float]) -> None:
     """Piece reads (no rows: costs), at each kernel k that runs in pieces (ir/split.py) and
     each input t of it that may be absent there, inside a segment g of t:
-        + m(s, to_fast, sync) * (1 - R[t,k])
+        + r(k, t) * (1 - R[t,k])
+    with r(k, t) = m(s, to_fast, sync), or for a matmul's strided blocks one such read per
+    stored row of each block (ir.split.piece_read_seconds),
     with R[t,k] as in staged_intervals (1 - R = a[g] - the copies that have t in fast
     memory at k; st[t] - ... in an initial segment): k reads t piece by piece from its
     slow copy where t is absent (simulate's R_k). No async prefetch lands on k itself
@@ -164,7 +167,7 @@ def piece_reads(V: Vars, layout: StagedLayout, reads: dict[int, frozenset[int]],
     for (tid, _), sv in layout.seg_vars.items():
         lo, hi = sv.seg.start, sv.seg.end
         for k in (k for k, ts in reads.items() if lo <= k <= hi and tid in ts):
-            r = cost.move_seconds(sv.nbytes, "to_fast", "sync")
+            r = read_seconds(k, tid)
             if sv.seg.kind in STARTS_SLOW:
                 V.add_cost(layout.start_slow[tid], r)
             else:

@@ -84,7 +84,7 @@ from .floor import in_place_bytes, solver_infeasible, tightest_staged_plan
 from .highs_driver import Solve, highs_model, is_feasible, solve_model, solver_stats
 from .model import MARGIN_BYTES, SCALE, Rows, SegVars, StagedLayout, Vars, add_async_copies, cheap_wakes, \
     sync_positions
-from ..ir.split import piece_reads
+from ..ir.split import piece_read_seconds, piece_reads
 from .segments import NO_PREFETCH, STARTS_SLOW, TensorSegments, carried_pairs, tensor_segments
 from .warm_start import overlap_greedily, staged_start
 
@@ -247,7 +247,8 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     reads = piece_reads(graph)
     layout = staged_columns(V, segs, cost, async_=async_, window=window, candidates=candidates,
                             sync_candidates=sync_candidates, warm_start=warm_start, reads=reads)
-    fam.piece_reads(V, layout, reads, cost)
+    fam.piece_reads(V, layout, reads, lambda k, t: piece_read_seconds(
+        graph, k, t, lambda n: cost.move_seconds(n, "to_fast", "sync")))
     leaving = _leaving(layout)
     gaps = [sv for sv in layout.seg_vars.values() if sv.seg.kind == "gap"]
     R.timed(lambda: fam.evict_choice(sv for sv in layout.seg_vars.values() if sv.seg.kind not in STARTS_SLOW))

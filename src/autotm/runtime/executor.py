@@ -46,7 +46,7 @@ from ..tiers.base import MemorySystem, SlowHandle
 from ..tiers.host_heap import keep_freed_memory, trim_heap
 from .arena_following import ArenaFollower
 from .host_memory import RSS_SLACK_BYTES, RssReader, rss_bytes
-from .pieces import PieceRunner
+from .pieces import piece_runner
 from .interrupts import CtrlCBetweenKernels
 from .report import MoveRecord, RunReport
 
@@ -120,7 +120,7 @@ class Executor(Replay):
         self.cache_headroom = ([int(self.budget - b) for b in self.validation.fast_bytes]
                                if self._release_cache else [])
         self.kernels = self._compile()
-        self.pieces = {k: PieceRunner(graph, k, memory) for k, kn in enumerate(graph.kernels) if kn.pieces > 1}
+        self.pieces = {k: piece_runner(graph, k, memory) for k, kn in enumerate(graph.kernels) if kn.pieces > 1}
         self._getter = OperandBuilder(self.program, self.env, self.storage_value, self.device).node  # (scalars, views)
         # bytes kernel k's outputs and the prefetches before it allocate in fast memory
         self.incoming = [sum(b for _, _, b, slow in kc.outputs if not slow) for kc in self.kernels]

@@ -4,7 +4,8 @@ The output is made whole in fast memory; each piece reads the same byte range of
 full-size input, from fast memory where the input is there, else from its slow copy
 through a bounce buffer (MemorySystem.read_range), and writes that range of the output.
 A row kernel's pieces are whole rows, run on (rows, row length) views with its dimension
-argument -1 and its per-row operands sliced to the same rows.
+argument -1 and its per-row operands sliced to the same rows. A matmul runs by blocks of
+its output's rows or columns (GemmPieceRunner), its cut input read a block at a time.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import torch.fx as fx
 
 from ..interpret.replay import _out_overload
 from ..ir.graph import TrainingGraph
-from ..ir.split import ROW_OPS, per_row_operands, piece_args, piece_bytes, piece_ranges, piece_unit, row_elements, split_inputs
+from ..ir.split import (GEMM_OPS, ROW_OPS, gemm_block, gemm_piece_args, gemm_ranges, gemm_split, per_row_operands,
+                        piece_args, piece_bytes, piece_ranges, piece_unit, row_elements, split_inputs)
 from ..tiers.base import MemorySystem, SlowHandle
 from ..tiers.ranges import bounce_buffer
 
@@ -105,3 +107,68 @@ class PieceRunner:
         else:
             target: Any = self.node.target
             out.copy_(target(*args, **kwargs))
+
+
+class GemmPieceRunner:
+    """Runs matmul k of `graph` (pieces > 1) by blocks of its output (ir.split.gemm_split):
+    the cut input read a block at a time from its slow copy (row by row into a compact
+    block where the block is strided there), every other operand from `value_of(node)`.
+    Each block of the output is computed apart and copied into place, as the probe
+    (frontend/split_probe.py) checked it."""
+
+    def __init__(self, graph: TrainingGraph, k: int, memory: MemorySystem) -> None:
+        kern = graph.kernels[k]
+        self.node: fx.Node = graph.program.kernel_nodes[k]
+        self.op = kern.op
+        self.memory = memory
+        self.cut = gemm_split(graph, k)
+        self.ranges = gemm_ranges(self.cut.extent, kern.pieces)
+        rule = GEMM_OPS[kern.op]
+        self.cut_node = self.node.args[rule.a if self.cut.axis == 0 else rule.b]
+        self.split = {self.cut.operand.tensor}
+        self.node_tensor = graph.program.node_tensor
+        out = self.node.meta["val"]
+        self.shape, self.dtype = tuple(out.shape), out.dtype
+        self.cut_dtype = self.cut_node.meta["val"].dtype
+        self.buffer_bytes = max(b - a for i0, i1 in self.ranges for a, b in self.cut.segments(i0, i1))
+
+    def run(self, fast: Mapping[int, torch.Tensor], slow: Mapping[int, SlowHandle],
+            value_of: Callable[[fx.Node], Any], device: torch.device | None = None) -> torch.Tensor:
+        out = torch.empty(self.shape, dtype=self.dtype, device=device)
+        values = {a: None if a is self.cut_node else value_of(a) for a in self.node.all_input_nodes}
+        args: Any = fx.node.map_arg(self.node.args, values.__getitem__)
+        kwargs: Any = dict(fx.node.map_arg(self.node.kwargs, values.__getitem__))
+        tid = self.node_tensor[self.cut_node]
+        whole = value_of(self.cut_node) if tid in fast else None
+        buffer = None if whole is not None else bounce_buffer(self.buffer_bytes)
+        target: Any = self.node.target
+        try:
+            for i0, i1 in self.ranges:
+                block = gemm_block(whole, self.cut, i0, i1) if whole is not None else \
+                    self._read_block(slow[tid], i0, i1, buffer)
+                piece = target(*gemm_piece_args(self.op, args, self.cut, block, i0, i1), **kwargs)
+                (out[i0:i1] if self.cut.axis == 0 else out[:, i0:i1]).copy_(piece)
+                del block, piece
+        finally:
+            if buffer is not None:
+                with contextlib.suppress(BufferError):  # (a view still alive: the GC closes it)
+                    buffer.close()
+        return out
+
+    def _read_block(self, h: SlowHandle, i0: int, i1: int, buffer: Any) -> torch.Tensor:
+        """Block [i0, i1) of the cut input from its slow copy, laid out as gemm_block's."""
+        segments = self.cut.segments(i0, i1)
+        shape = self.cut.block_shape(i0, i1)
+        if len(segments) == 1:  # (one range: the block is a view of the buffer)
+            (a, b), = segments
+            block = self.memory.read_range(h, a, b, buffer).view(self.cut_dtype).view(shape)
+        else:
+            block = torch.empty(shape, dtype=self.cut_dtype)
+            for r, (a, b) in enumerate(segments):
+                block[r].copy_(self.memory.read_range(h, a, b, buffer).view(self.cut_dtype))
+        return block.t() if self.cut.transposed else block
+
+
+def piece_runner(graph: TrainingGraph, k: int, memory: MemorySystem) -> PieceRunner | GemmPieceRunner:
+    """The runner of split kernel k: by blocks for a matmul, by slices or rows otherwise."""
+    return (GemmPieceRunner if graph.kernels[k].op in GEMM_OPS else PieceRunner)(graph, k, memory)
