@@ -146,8 +146,7 @@ def simulate(plan: Plan, graph: TrainingGraph, cost_model: CostModel) -> Simulat
         k = step.kernel
         s = sum(_move_seconds(cm, m, "sync") for m in step.sync_moves)
         if not direct and step.slow_operands:  # a split kernel reads these piece by piece
-            s_reads = sum(piece_read_seconds(graph, k, t, lambda n: cm.move_seconds(n, "to_fast", "sync"))
-                          for t in step.slow_operands)
+            s_reads = sum(piece_read_seconds(graph, k, t, cm) for t in step.slow_operands)
             sync_total += s_reads
         copies = [(m.nbytes, _DIRECTION[m.action.kind]) for m in step.async_moves if m.action.kind in _DIRECTION]
         a = cm.async_seconds(copies)

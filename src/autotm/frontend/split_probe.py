@@ -59,8 +59,8 @@ def with_splittable(graph: TrainingGraph) -> TrainingGraph:
                 verdict[key] = gemm_agrees(graph, k)
         else:  # (a row kernel's row length picks its code path)
             key = (graph.kernels[k].op, str(node.meta["val"].dtype), _scalars(node), row_elements(graph, k))
-        if key not in verdict:
-            verdict[key] = pieces_agree(node)
+            if key not in verdict:
+                verdict[key] = pieces_agree(node)
         if verdict[key]:
             ok.add(k)
     return dataclasses.replace(graph, splittable=frozenset(ok))
@@ -152,7 +152,7 @@ def gemm_agrees(graph: TrainingGraph, k: int) -> bool:
             args: Any = fx.node.map_arg(node.args, values.__getitem__)
             kwargs: Any = fx.node.map_arg(node.kwargs, values.__getitem__)
             whole = target(*args, **kwargs)
-            cut = args[GEMM_OPS[str(node.target)].a if split.axis == 0 else GEMM_OPS[str(node.target)].b]
+            cut = args[split.position]
             for i0, i1 in gemm_ranges(split.extent, pieces):
                 block = gemm_block(cut, split, i0, i1)
                 got = target(*gemm_piece_args(str(node.target), args, split, block, i0, i1), **kwargs)

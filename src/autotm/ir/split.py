@@ -36,10 +36,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .graph import TrainingGraph
+
+if TYPE_CHECKING:
+    from .costmodel import CostModel
 
 # elementwise ATen kernels whose output element i reads element i of each input only
 # (gelu, silu, elu, mish and softplus are left out: on x86 their vectorized bodies and
@@ -77,7 +80,6 @@ ROW_OPS = {
     # zero but at target[i]; grad_output is per row only for reduction="none"
     "aten.nll_loss_backward.default": RowRule(None, (0, 2)),
 }
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -323,11 +325,15 @@ def piece_reads(graph: TrainingGraph) -> dict[int, frozenset[int]]:
     return {kn.index: frozenset(split_inputs(graph, kn.index)) for kn in graph.kernels if kn.pieces > 1}
 
 
-def piece_read_seconds(graph: TrainingGraph, k: int, t: int, seconds: Callable[[int], float]) -> float:
-    """What split kernel k pays to read input t from slow memory, given the seconds of one
-    blocking read of n bytes: one read's worth of the whole tensor (its ranges follow one
-    another), or for a matmul's strided blocks one read per stored row of each block."""
+def piece_read_seconds(graph: TrainingGraph, k: int, t: int, cost: CostModel) -> float:
+    """What split kernel k pays to read input t from slow memory, in blocking reads
+    (cost.move_seconds(n, "to_fast", "sync")): one read's worth of the whole tensor (its
+    ranges follow one another), or for a matmul's strided blocks one read per stored row
+    of each block."""
     kern = graph.kernels[k]
+
+    def seconds(n: int) -> float:
+        return cost.move_seconds(n, "to_fast", "sync")
     if kern.op in GEMM_OPS and kern.pieces > 1:
         cut = gemm_split(graph, k)
         if cut.stored_cut == 1 and cut.operand.tensor == t:
@@ -386,6 +392,12 @@ class GemmSplit(NamedTuple):
     stored: tuple[int, int]  # the operand's storage as a row-major matrix
     transposed: bool  # the operand is the transpose of that matrix
     itemsize: int
+
+    @property
+    def position(self) -> int:
+        """The cut operand's position in the call's arguments (matrices are positional)."""
+        assert self.operand.position is not None
+        return self.operand.position
 
     @property
     def stored_cut(self) -> int:
@@ -524,7 +536,7 @@ def gemm_piece_args(op: str, args: Sequence[Any], split: GemmSplit, block: Any, 
     block of columns the bias's same columns."""
     rule = GEMM_OPS[op]
     out = list(args)
-    out[rule.a if split.axis == 0 else rule.b] = block
+    out[split.position] = block
     if split.axis == 1 and rule.bias is not None:
         out[rule.bias] = out[rule.bias][i0:i1]
     return out

@@ -247,8 +247,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     reads = piece_reads(graph)
     layout = staged_columns(V, segs, cost, async_=async_, window=window, candidates=candidates,
                             sync_candidates=sync_candidates, warm_start=warm_start, reads=reads)
-    fam.piece_reads(V, layout, reads, lambda k, t: piece_read_seconds(
-        graph, k, t, lambda n: cost.move_seconds(n, "to_fast", "sync")))
+    fam.piece_reads(V, layout, reads, lambda k, t: piece_read_seconds(graph, k, t, cost))
     leaving = _leaving(layout)
     gaps = [sv for sv in layout.seg_vars.values() if sv.seg.kind == "gap"]
     R.timed(lambda: fam.evict_choice(sv for sv in layout.seg_vars.values() if sv.seg.kind not in STARTS_SLOW))

@@ -123,9 +123,8 @@ class GemmPieceRunner:
         self.memory = memory
         self.cut = gemm_split(graph, k)
         self.ranges = gemm_ranges(self.cut.extent, kern.pieces)
-        rule = GEMM_OPS[kern.op]
-        self.cut_node = self.node.args[rule.a if self.cut.axis == 0 else rule.b]
-        self.split = {self.cut.operand.tensor}
+        self.cut_node = self.node.args[self.cut.position]
+        self.split = set(split_inputs(graph, k))
         self.node_tensor = graph.program.node_tensor
         out = self.node.meta["val"]
         self.shape, self.dtype = tuple(out.shape), out.dtype
