@@ -16,7 +16,7 @@ STAGES = ("ir", "tiers", "frontend", "interpret", "checks", "profile", "planner"
           "experiments", "cli")
 MAX_LINES = 600
 # over MAX_LINES until they are split by role: they may not grow
-TO_SPLIT = {"tiers/file_tier.py": 773, "frontend/capture.py": 696, "experiments/plots.py": 668}
+TO_SPLIT = {"tiers/file_tier.py": 721, "frontend/capture.py": 696, "experiments/plots.py": 668}
 
 
 def _modules():

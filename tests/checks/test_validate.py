@@ -304,7 +304,8 @@ def test_rejects_initial_slow_for_produced_tensor_under_staged_access():
     g = g5()
     rejects(with_actions(g, {1: [P(1)]}, initial={1: "slow"}), g,
             "tensor 1 (a1): initial 'slow' is not allowed for a tensor produced by kernel 0 (f1) under staged access: "
-            "kernels write their outputs to fast memory")
+            "kernels write their outputs to fast memory (only a kernel that runs in pieces writes its one output to "
+            "slow memory, a piece at a time)")
     # graph inputs may start slow under staged access
     validate(with_actions(g, {0: [P(0)]}, initial={0: "slow"}), g)
 

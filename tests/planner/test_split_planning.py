@@ -37,7 +37,7 @@ def update_chain():
     return splittable(g)
 
 
-def test_the_update_in_pieces_needs_its_output_and_one_piece_of_each_input():
+def test_the_update_in_pieces_needs_one_piece_of_each_input_and_of_its_output():
     g = update_chain()
     assert g.splittable == {1, 4}
     cm = cost_model(g, [1e-3] * len(g.kernels), bw=1e9)
@@ -54,6 +54,27 @@ def test_the_update_in_pieces_needs_its_output_and_one_piece_of_each_input():
         # JSON keeps the split, and the loaded plan validates against the unsplit graph
         again = Plan.from_json(p.to_json())
         assert again.split == p.split and validate(again, g).peak_fast_bytes == v.peak_fast_bytes
+
+
+def test_an_output_born_slow_holds_one_piece_while_its_kernel_runs_and_only_a_split_kernel_makes_one():
+    g = update_chain()
+    cm = cost_model(g, [1e-3] * len(g.kernels), bw=1e9)
+    p = plan(g, cm, "min", "synchronous", arena=False, time_limit=20)
+    born = dataclasses.replace(p.tensors[5], initial="slow", actions=())
+    fast = dataclasses.replace(p.tensors[5], initial="fast", actions=())
+    with_born = dataclasses.replace(p, tensors=p.tensors[:5] + (born,) + p.tensors[6:])
+    with_fast = dataclasses.replace(p, tensors=p.tensors[:5] + (fast,) + p.tensors[6:])
+    piece = 16 * KIB64 // 16
+    a, b = validate(with_born, g, budget_bytes=2**40), validate(with_fast, g, budget_bytes=2**40)
+    assert b.fast_bytes[4] - a.fast_bytes[4] == 16 * KIB64 - piece  # (w' whole, against one piece of it)
+    assert a.steps[4].born_slow == (5,) and b.steps[4].born_slow == ()
+    # born slow, w' costs one sync write of its bytes as it is made (a hand-built graph
+    # has no program: nothing is carried or returned after the last kernel)
+    assert simulate(with_born, g, cm).sync_move_seconds - simulate(with_fast, g, cm).sync_move_seconds == \
+        pytest.approx(cm.move_seconds(16 * KIB64, "to_slow", "sync"))
+    # a kernel that runs whole writes its outputs to fast memory
+    with pytest.raises(PlanError, match="only a kernel that runs in pieces"):
+        validate(dataclasses.replace(with_born, split=()), g, budget_bytes=2**40)
 
 
 def test_the_validator_refuses_a_malformed_split():

@@ -3,6 +3,7 @@ DRAM, cleanup (close, Ctrl-C), clear errors, and the NUMA refusal on a one-node 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -77,6 +78,38 @@ def cases():
         "odd-bytes": random_bits((12345,), torch.uint8, 6),  # not a multiple of 4096
         "bfloat16": random_bits((33, 33), torch.bfloat16, 7),
     }
+
+
+@pytest.mark.parametrize("nbytes", [3 * PAGE, 5 * PAGE + 123, 10 * MiB + 4])
+def test_a_tensor_written_to_the_file_range_by_range_reads_back_whole_and_in_ranges(tmp_path, nbytes):
+    """How a kernel in pieces writes its output to slow memory (runtime/pieces.py): ranges
+    starting on pages, the last one short, in any order; whole reads and range reads give
+    the bits back, and a range off a page is refused."""
+    from autotm.tiers.ranges import bounce_buffer
+
+    want = random_bits((nbytes,), torch.uint8, 8)
+    step = 2 * PAGE if nbytes < MiB else MiB
+    ranges = [(a, min(a + step, nbytes)) for a in range(0, nbytes, step)]
+    with make_memory_system("cpu+file", slow_dir=str(tmp_path)) as memory:
+        h = memory.empty_slow(7, TensorLayout.of(want))
+        buf = bounce_buffer(step)
+        for a, b in reversed(ranges):
+            torch.frombuffer(buf, dtype=torch.uint8, count=b - a).copy_(want[a:b])
+            memory.write_range(h, a, buf, b - a)
+        assert_same(memory.to_fast(h), want)
+        assert_same(memory.start_to_fast(h).wait(), want)
+        for a, b in ranges[::2]:
+            assert torch.equal(memory.read_range(h, a, b, buf), want[a:b])
+        with pytest.raises(TierError, match="page-aligned"):
+            memory.write_range(h, 100, buf, 10)
+        with pytest.raises(TierError, match="page-aligned"):
+            memory.write_range(h, 0, buf, nbytes + 1)
+        memory.free_slow(h)
+        with contextlib.suppress(BufferError):
+            buf.close()
+    with make_memory_system("cpu+mmap", slow_dir=str(tmp_path)) as memory:
+        with pytest.raises(TierError, match="cannot write part"):
+            memory.empty_slow(7, TensorLayout.of(want))
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

@@ -38,7 +38,9 @@ rejects is rejected here too) and charges, with c = cost_model:
            in slow memory of c.move_seconds(nbytes, "to_fast", "sync"), or one such read
            per stored row of each strided block of a matmul (ir.split.piece_read_seconds):
            the pieces' reads
-           (counted in sync_move_seconds; they do not count as a wake: u_k is as above)
+           (counted in sync_move_seconds; they do not count as a wake: u_k is as above),
+           and for its output written to slow memory piece by piece (initial "slow")
+           c.move_seconds(nbytes, "to_slow", "sync") (ir.split.piece_write_seconds)
     T_in = sum over graph inputs that start slow and are not carried between iterations
            (the batch, per-iteration scalars) of c.move_seconds(nbytes, "to_slow", "sync")
            (the executor writes them to slow memory when it places the inputs)
@@ -63,7 +65,7 @@ import numpy as np
 from ..ir.costmodel import CostModel, operand_tensors
 from ..ir.graph import TrainingGraph
 from ..ir.plan import Plan, PlanError, plan_graph
-from ..ir.split import piece_read_seconds
+from ..ir.split import piece_read_seconds, piece_write_seconds
 from .validate import Move, PlanReplay
 
 _DIRECTION = {"evict": "to_slow", "prefetch": "to_fast"}
@@ -148,6 +150,8 @@ def simulate(plan: Plan, graph: TrainingGraph, cost_model: CostModel) -> Simulat
         if not direct and step.slow_operands:  # a split kernel reads these piece by piece
             s_reads = sum(piece_read_seconds(graph, k, t, cm) for t in step.slow_operands)
             sync_total += s_reads
+        if step.born_slow:  # (staged: the split kernel writes its output there piece by piece)
+            sync_total += piece_write_seconds(graph, k, cm)
         copies = [(m.nbytes, _DIRECTION[m.action.kind]) for m in step.async_moves if m.action.kind in _DIRECTION]
         a = cm.async_seconds(copies)
         slowed = cm.async_interference_seconds(copies) if copies else 0.0

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..ir.graph import TrainingGraph
 from ..ir.plan import ACCESS, KINDS, MODES, TIERS, Action, Plan, PlanError, check_plan_matches, plan_graph
-from ..ir.split import piece_reads
+from ..ir.split import born_slow_piece, piece_reads
 
 # Tensor states in each tier.
 _NO, _YES, _IN_FLIGHT = 0, 1, 2  # fast: absent / resident / async prefetch in flight
@@ -45,6 +45,7 @@ class KernelStep:
     slow_operands: tuple[int, ...]  # tensors the kernel reads or writes in slow memory (direct access)
     fast_after_sync: int  # fast bytes after step 1
     fast_bytes: int  # fast bytes while the kernel runs (step 3), the kernel's peak
+    born_slow: tuple[int, ...] = ()  # outputs it writes to slow memory piece by piece (staged access)
 
 
 @dataclass(frozen=True)
@@ -212,10 +213,12 @@ class PlanReplay:
             t = g.tensors[tid]
             if tp.initial not in TIERS:
                 raise PlanError(f"{self._t(tid)}: initial tier must be 'fast' or 'slow', got {tp.initial!r}")
-            if tp.initial == "slow" and self.staged and t.producer is not None:
+            if tp.initial == "slow" and self.staged and t.producer is not None \
+                    and not born_slow_piece(g, t.producer):
                 raise PlanError(
                     f"{self._t(tid)}: initial 'slow' is not allowed for a tensor produced by {self._k(t.producer)} "
-                    f"under staged access: kernels write their outputs to fast memory")
+                    f"under staged access: kernels write their outputs to fast memory (only a kernel that runs "
+                    f"in pieces writes its one output to slow memory, a piece at a time)")
             self.initial_fast[tid] = tp.initial == "fast"
             first = t.live[0] if t.producer is None else t.producer + 1
             last = t.live[1]
@@ -364,7 +367,9 @@ class PlanReplay:
             for m in async_moves:
                 used += begin(m, k, 2 * k + 1)
 
-            # (3) the kernel runs; its outputs appear in their initial tier
+            # (3) the kernel runs; its outputs appear in their initial tier (staged access: one
+            # written to slow memory piece by piece holds a piece of it while the kernel runs)
+            born: list[int] = []
             for tid in kern.outputs:
                 if init_fast[tid]:
                     fast[tid] = _YES
@@ -373,6 +378,10 @@ class PlanReplay:
                 else:
                     slow[tid] = _YES
                     written[tid] = f"its producer {self._k(k)} wrote it there"
+                    if staged:
+                        born.append(tid)
+            piece = born_slow_piece(g, k) if born else 0
+            used += piece
             over = in_place[k]
             if over is not None and fast[over] == _YES and init_fast[kern.outputs[0]]:
                 # the output is written over the dying input's storage: its bytes, not more
@@ -386,10 +395,11 @@ class PlanReplay:
             at_kernel = used
             if used > self.peak_fast_bytes:
                 self.peak_fast_bytes = used
+            used -= piece
             slow_operands = []
             for verb, tids in (("reads", kern.inputs), ("writes", kern.outputs)):
                 for tid in tids:
-                    if fast[tid] == _YES:
+                    if fast[tid] == _YES or tid in born:
                         continue
                     where = ("its async prefetch is still in flight" if fast[tid] == _IN_FLIGHT
                              else "it is in slow memory")
@@ -420,7 +430,8 @@ class PlanReplay:
                 fast[tid] = _NO
                 slow[tid] = _NO
 
-            yield KernelStep(k, tuple(sync_moves), tuple(async_moves), tuple(slow_operands), after_sync, at_kernel)
+            yield KernelStep(k, tuple(sync_moves), tuple(async_moves), tuple(slow_operands), after_sync, at_kernel,
+                             tuple(born))
 
     # ---- rules for each action ------------------------------------------------------------
     def _check_prefetch(self, tid: int, k: int, fast: list[int], slow: list[int]) -> None:

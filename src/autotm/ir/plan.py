@@ -41,7 +41,9 @@ async evict holds its fast source until step 4. Since steps 2 and 3 only allocat
 step-3 value is the peak of the kernel; ``ValidationReport.fast_bytes`` records it.
 
 A graph input's ``initial`` tier is where it starts; a produced tensor's is where its
-producer writes it ("slow" is only possible under direct access). A tensor written to
+producer writes it ("slow" is possible under direct access, and under staged access for
+the one output of a kernel that runs in pieces, ir.split.born_slow_piece: it writes the
+output piece by piece, holding one piece in fast memory while it runs). A tensor written to
 slow by its producer, or starting in slow, already has its slow copy: evicting it is a
 second write and is rejected; use drop after a prefetch instead.
 

@@ -18,7 +18,8 @@ machine by frontend/split_probe.py before a kernel is marked splittable.
 A matmul of GEMM_OPS (C = A @ B, + bias) runs by blocks of C's rows or columns: rows
 i0..i1 of C read rows i0..i1 of A and all of B, columns j0..j1 read all of A and columns
 j0..j1 of B (and of the bias). The pieces cut the larger input, which they read a block at
-a time; the other must be in fast memory. A block of a transposed operand is strided in
+a time; the other must be in fast memory; where the output is larger than both, they cut
+its rows (so that each block may go to slow memory as it is made). A block of a transposed operand is strided in
 its storage (a column block of the stored matrix): it is read row by row into a compact
 block. Its sums run over the same K in the same order in every piece, but which GEMM code
 path a shape takes is the library's choice, so split_probe.py runs each matmul at its real
@@ -29,7 +30,9 @@ budget at the ratios planned, and each probe costs two real matmuls).
 A split kernel runs its pieces in order over the flat index; an input absent from fast
 memory there is read from its slow copy slice by slice through a bounce buffer of one
 piece (runtime/pieces.py), so the kernel holds its output, its inputs in fast memory
-and one piece of each other input. Pieces start on 4 KiB (direct I/O) boundaries.
+and one piece of each other input. Pieces start on 4 KiB (direct I/O) boundaries. An
+elementwise or row kernel may also write its output straight to slow memory, a piece at
+a time (born_slow_piece): it then holds one piece of its output instead of all of it.
 """
 
 from __future__ import annotations
@@ -353,6 +356,31 @@ def bounce_bytes(graph: TrainingGraph, k: int) -> int:
     return sum(piece_bytes(graph.tensors[t].nbytes, kern.pieces, unit) for t in split_inputs(graph, k))
 
 
+def born_slow_piece(graph: TrainingGraph, k: int) -> int:
+    """Bytes of fast memory split kernel k holds while it writes its output straight to
+    slow memory, a piece at a time through one bounce buffer (runtime/pieces.py): one piece
+    of the output (a matmul's block of rows, copied from the block it computes); 0 where it
+    cannot (it runs whole, writes several tensors, or is a matmul cut by columns, whose
+    blocks are not ranges of its output, or whose blocks of rows start off a page)."""
+    kern = graph.kernels[k]
+    if kern.pieces <= 1 or len(kern.outputs) != 1:
+        return 0
+    out = graph.tensors[kern.outputs[0]]
+    if kern.op in GEMM_OPS:  # (blocks of rows only, each starting on a page)
+        row = out.shape[1] * _itemsize(out.dtype)
+        ranges = gemm_ranges(out.shape[0], kern.pieces)
+        if gemm_split(graph, k).axis != 0 or any(i0 * row % PIECE_ALIGN for i0, _ in ranges):
+            return 0
+        return max(i1 - i0 for i0, i1 in ranges) * row
+    return piece_bytes(out.nbytes, kern.pieces, piece_unit(graph, k))
+
+
+def piece_write_seconds(graph: TrainingGraph, k: int, cost: CostModel) -> float:
+    """What split kernel k pays to write its output to slow memory piece by piece: one
+    blocking write's worth of the whole output (its ranges follow one another)."""
+    return cost.move_seconds(graph.tensors[graph.kernels[k].outputs[0]].nbytes, "to_slow", "sync")
+
+
 def with_pieces(graph: TrainingGraph, pieces: dict[int, int]) -> TrainingGraph:
     """`graph` with kernel k split into pieces[k] pieces (1: unsplit); the same graph if
     nothing changes. A plan records its split (Plan.split; ir.plan.plan_graph)."""
@@ -483,12 +511,24 @@ def gemm_blocker(graph: TrainingGraph, k: int) -> str | None:
     return None
 
 
+def _output_decides(graph: TrainingGraph, k: int) -> bool:
+    """Is matmul k's output larger than either input, with enough rows to cut and each
+    block of rows starting on a page (so that the blocks may be written to slow memory as
+    they are made: born_slow_piece)?"""
+    kern = graph.kernels[k]
+    out = graph.tensors[kern.outputs[0]]
+    if len(out.shape) != 2 or out.shape[0] < 2 * GEMM_ALIGN or out.shape[1] * _itemsize(out.dtype) * GEMM_ALIGN % PIECE_ALIGN:
+        return False
+    return out.nbytes > max(graph.tensors[t].nbytes for t in kern.inputs)
+
+
 def gemm_split(graph: TrainingGraph, k: int) -> GemmSplit:
-    """The cut of matmul k (gemm_blocker says it has one): along the larger input."""
+    """The cut of matmul k (gemm_blocker says it has one): by blocks of its output's rows
+    where the output is the largest operand (_output_decides), else along the larger input."""
     ops = _gemm_operands(graph, k)
     assert not isinstance(ops, str)
     a, b, _ = ops
-    axis = 0 if graph.tensors[a.tensor].nbytes >= graph.tensors[b.tensor].nbytes else 1
+    axis = 0 if (_output_decides(graph, k) or graph.tensors[a.tensor].nbytes >= graph.tensors[b.tensor].nbytes) else 1
     o = a if axis == 0 else b
     stored = _stored(o, graph.tensors[o.tensor].nbytes)
     assert stored is not None
@@ -500,6 +540,9 @@ def gemm_pieces(graph: TrainingGraph, k: int) -> int:
     and GEMM_ALIGN rows or columns allow, and where a block is read row by row, as many as
     leave each read GEMM_STRIDED_READ bytes (each read costs a device round trip)."""
     split = gemm_split(graph, k)
+    if _output_decides(graph, k):  # (blocks of the output: it sets their number)
+        out = graph.tensors[graph.kernels[k].outputs[0]].nbytes
+        return max(1, min(MAX_PIECES, out // MIN_PIECE_BYTES, split.extent // GEMM_ALIGN))
     n = min(MAX_PIECES, graph.tensors[split.operand.tensor].nbytes // MIN_PIECE_BYTES, split.extent // GEMM_ALIGN)
     if split.stored_cut == 1:
         n = min(n, split.stored[1] * split.itemsize // GEMM_STRIDED_READ)

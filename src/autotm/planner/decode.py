@@ -46,7 +46,8 @@ def decode_staged(graph: TrainingGraph, cost: CostModel, budget: int, formulatio
                 acts.append(Action("evict", async_c[0], "async") if async_c
                             else Action("evict", later[0] if later else seg.start, "sync"))
         elif on(x, sv.dA):
-            if not sv.empty:
+            born = seg.index == 0 and tid in layout.born and initial[tid] == "slow"
+            if not (sv.empty or born):  # (born slow: nothing to drop, it was never fast)
                 acts.append(Action("drop", seg.start, "sync"))
         else:
             continue

@@ -93,6 +93,20 @@ def one_write(tensors: Iterable[tuple[int, Sequence[Moves]]]) -> Block:
     return r.block()
 
 
+def born_slow(layout: StagedLayout) -> Block:
+    """Born slow, per output t that its producer k may write to slow memory (st[t], its
+    first segment g0 starting at k + 1; segments.py):
+        st[t] - dA[g0] <= 0
+    (born there, t is absent from g0 as a dropped tensor is: the prefetch ending g0, the
+    steady state and the piece reads see it through dA; one write and drop needs a copy
+    count st[t] as its slow copy. The capacity at k counts b_t bytes of it, not s_t.)"""
+    r = RowList("born slow")
+    for tid in layout.born:
+        g0 = layout.seg_vars[(tid, 0)]
+        r.ones([layout.start_slow[tid]], -np.inf, 0.0, minus=[g0.dA], key=g0.row_key(r.family))
+    return r.block()
+
+
 def steady_state(layout: StagedLayout) -> Block:
     """Steady state, per final segment g of an updated carried tensor t' that replaces t:
         wA[g] + dA[g] - st[t] = 0      (st[t] = 0 when t cannot start slow)
@@ -128,12 +142,15 @@ def evict_before_prefetch(segments: Iterable[Moves]) -> Block:
 
 def staged_intervals(layout: StagedLayout) -> list[Interval]:
     """The residency R[t,j] of staged.py as capacity intervals: each column's bytes
-    (negative: absent) at the kernels it covers; live_bytes counts t everywhere else."""
+    (negative: absent) at the kernels it covers; live_bytes counts t everywhere else. An
+    output born slow at k is absent there but for the piece k holds: -(s_t - b_t) st[t]."""
     iv: list[Interval] = []
 
     def add(j0: int, j1: int, col: int, coef: float) -> None:
         if j1 >= j0:
             iv.append((j0, j1, col, coef))
+    for tid, (k, held) in layout.born.items():  # born slow: its producer holds `held` bytes of it
+        add(k, k, layout.start_slow[tid], -(layout.seg_vars[(tid, 0)].nbytes - held))
     for (tid, _), sv in layout.seg_vars.items():
         s, lo, hi = sv.nbytes, sv.seg.start, sv.seg.end
         if sv.seg.kind in STARTS_SLOW:
@@ -162,7 +179,7 @@ def piece_reads(V: Vars, layout: StagedLayout, reads: dict[int, frozenset[int]],
     stored row of each block (ir.split.piece_read_seconds),
     with R[t,k] as in staged_intervals (1 - R = a[g] - the copies that have t in fast
     memory at k; st[t] - ... in an initial segment): k reads t piece by piece from its
-    slow copy where t is absent (simulate's R_k). No async prefetch lands on k itself
+    slow copy where t is absent (simulate's R_k). No async copy of t overlaps k
     (staged_columns): the kernel cannot read a tensor in flight."""
     for (tid, _), sv in layout.seg_vars.items():
         lo, hi = sv.seg.start, sv.seg.end

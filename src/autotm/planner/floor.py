@@ -331,15 +331,17 @@ def tightest_staged_plan(graph: TrainingGraph, pinned: frozenset[int] = frozense
                          memory_system: str = "cpu+file", min_bytes: int = 0) -> Plan:
     """The staged plan with every tensor absent from fast memory in every segment of
     segments.py (those of tensors of `min_bytes` or more): carried inputs start slow and are
-    prefetched for their first use; every other segment begins with a sync evict (the
-    tensor's first slow copy) or drop (later) and ends with a sync prefetch for the next
-    use. A solution of ilp.py's model at the budget it peaks at (the staged ILP's floor),
+    prefetched for their first use; outputs that may be born slow are; every other segment
+    begins with a sync evict (the tensor's first slow copy) or drop (later) and ends with a
+    sync prefetch for the next use. A solution of ilp.py's model at the budget it peaks at (the staged ILP's floor),
     and the ILP's warm start of last resort."""
     initial: dict[int, Literal["fast", "slow"]] = {}
     actions: dict[int, list[Action]] = {}
     for ts in tensor_segments(graph, min_bytes=min_bytes, pinned=pinned, pairs=carried_pairs(graph)):
         acts: list[Action] = []
-        has_copy = ts.carried_input
+        has_copy = ts.carried_input or ts.born is not None
+        if ts.born is not None:  # written to slow memory by its producer, a piece at a time
+            initial[ts.tensor] = "slow"
         for seg in ts.segments:
             if seg.kind == "streamed":  # (read in pieces only: it stays slow)
                 initial[ts.tensor] = "slow"
@@ -350,7 +352,8 @@ def tightest_staged_plan(graph: TrainingGraph, pinned: frozenset[int] = frozense
                 continue
             if seg.end < seg.start:  # an empty final segment: the executor's carry write
                 continue
-            acts.append(Action("drop" if has_copy else "evict", seg.start, "sync"))
+            if not (seg.index == 0 and ts.born is not None):  # (born slow: never fast before)
+                acts.append(Action("drop" if has_copy else "evict", seg.start, "sync"))
             has_copy = True
             if seg.kind == "gap":
                 acts.append(Action("prefetch", seg.end + 1, "sync"))

@@ -213,7 +213,7 @@ class SegVars:
     pE: dict[int, int] = field(default_factory=dict)  # kernel -> column: an earlier sync prefetch
 
     SLOTS: ClassVar[dict[str, int]] = {"drop needs a slow copy": 0, "evict choice": 1, "prefetch choice": 2,
-                                       "steady state": 2, "evict before prefetch": 3, "one write": 9}
+                                       "steady state": 2, "evict before prefetch": 3, "born slow": 4, "one write": 9}
 
     @property
     def empty(self) -> bool:
@@ -236,10 +236,12 @@ class SegVars:
 class StagedLayout:
     """The staged model's move columns: per (tensor, segment index) its SegVars (tensor by
     tensor, segments in order), per carried input its st column, and per updated carried
-    tensor the input whose tier it must end in."""
+    tensor the input whose tier it must end in; per output that may be born slow its
+    producer and the bytes that holds of it (its st column is then the birth in slow memory)."""
     seg_vars: dict[tuple[int, int], SegVars]
     start_slow: dict[int, int]
     carried_output_of: dict[int, int]  # tensor -> the input whose tier it ends in
+    born: dict[int, tuple[int, int]] = field(default_factory=dict)  # tensor -> (producer, bytes held there)
 
 
 def async_candidates(kernels: Sequence[int], T: np.ndarray, copy_seconds: float, limit: int) -> list[int]:

@@ -14,7 +14,10 @@ piece where they are there: it is no use that needs them fast, so a segment may 
 and a tensor whose last such uses follow its last use in fast memory gets a *tail*
 segment up to them, after which it dies (no prefetch ends it). A carried input that only
 such kernels read has one *streamed* segment instead, up to its last read: it may start
-the iteration slow and stay there (its update replaces it).
+the iteration slow and stay there (its update replaces it). The output of a kernel that
+may write it to slow memory piece by piece (ir.split.born_slow_piece) may be *born slow*
+where its first segment starts right after its producer: absent there too, it is no use
+that needs it fast either (its producer holds one piece of it).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir.graph import Role, Tensor, TrainingGraph
-from ..ir.split import piece_reads
+from ..ir.split import born_slow_piece, piece_reads
 
 CARRIED = ("param:", "buffer:", "opt:")
 NO_PREFETCH = ("final", "tail", "streamed")  # segments that no use ends: nothing brings the tensor back
@@ -46,6 +49,7 @@ class TensorSegments:
     segments: tuple[Segment, ...]
     carried_input: bool  # may start slow
     carried_output_of: int | None  # the input tensor whose tier this output must end in
+    born: tuple[int, int] | None = None  # (producer, bytes it holds of t) where t may be born slow
 
 
 def carried_pairs(graph: TrainingGraph) -> dict[int, int]:
@@ -99,8 +103,12 @@ def tensor_segments(graph: TrainingGraph, *, min_bytes: int = 0, pinned: frozens
         elif all_uses[-1] > uses[-1]:
             segs.append(Segment(t.id, "tail", uses[-1] + 1, all_uses[-1], len(segs)))
         if segs:
+            k = t.producer
+            born = None
+            if k is not None and segs[0].start == k + 1 and born_slow_piece(graph, k):
+                born = (k, born_slow_piece(graph, k))
             out.append(TensorSegments(t.id, t.nbytes, tuple(uses), tuple(segs),
                                       carried_input=any(s.kind == "initial" for s in segs),
-                                      carried_output_of=pairs.get(t.id)))
+                                      carried_output_of=pairs.get(t.id), born=born))
     return out
 

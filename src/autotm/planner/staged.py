@@ -9,7 +9,9 @@ Notation (one tensor t of size s_t, one movable segment g of it; see segments.py
   Variables (binary unless noted)
     wA[g]   t is written to slow memory at the start of segment g and is absent in it
     dA[g]   t is absent in g after dropping its fast copy (a slow copy already exists)
-    st[t]   carried input t starts the iteration in slow memory (its initial segment)
+    st[t]   carried input t starts the iteration in slow memory (its initial segment);
+            an output t that may be born slow (segments.py) is: its producer k writes it
+            there piece by piece (cost m(s, to_slow, sync)), holding b_t bytes of it at k
     wS[g]   the write of g is synchronous, before kernel start(g)
     wL[g,e] the write of g is synchronous, before kernel e later in g (where waking is cheap)
     wX[g,c] the write of g is asynchronous, overlapping kernel c (window after start(g))
@@ -30,6 +32,8 @@ Notation (one tensor t of size s_t, one movable segment g of it; see segments.py
     evict choice:        wS[g] + sum_e wL[g,e] + sum_c wX[g,c] = wA[g]
     prefetch choice:     pS[g] + sum_p pE[g,p] + sum_c pX[g,c] = a[g]   (gaps),  = st[t]  (initial)
     steady state:        a[final of t'] = st[t]  where t' carries t into the next iteration
+    born slow:           st[t] <= dA[g0]  for an output t born slow, g0 its first segment (k + 1 on);
+                         at its producer k, R[t,k] = 1 - st[t] (s_t - b_t) / s_t
     evict before prefetch: sum_{E >= j} (wX, wL)[g,E] + sum_{F <= j} (pX, pE)[g,F] <= 1
                          at each F: the evict's kernel E comes before the prefetch's F
     capacity:            sum_t s_t R[t,j] <= B                          for every kernel j
@@ -58,7 +62,7 @@ Notation (one tensor t of size s_t, one movable segment g of it; see segments.py
   = CostModel.async_host_seconds, the issuing thread's own part of an async copy, and
   W_b = CostModel.wake_seconds[b]. A kernel k that runs in pieces (ir/split.py) reads an
   input t absent there from its slow copy, a piece at a time (segments.py: no use there
-  needs t fast); no async prefetch of t lands on k. The synchronous formulation has no wX, pX, y. Bytes
+  needs t fast); no async copy of t overlaps k. The synchronous formulation has no wX, pX, y. Bytes
   are scaled to KiB inside the model only.
 
   wL and pE exist only where wakes are profiled (W not all zero): without wakes a sync copy
@@ -135,6 +139,10 @@ def minimum_budget(graph: TrainingGraph, segs: list[TensorSegments],
             if s.end >= s.start:
                 movable[s.start] += ts.nbytes
                 movable[s.end + 1] -= ts.nbytes
+        if ts.born is not None:  # (born slow, at its producer it holds one piece)
+            k, piece = ts.born
+            movable[k] += ts.nbytes - piece
+            movable[k + 1] -= ts.nbytes - piece
     need = graph.live_bytes - np.cumsum(movable[:-1])
     if extra is not None:
         need = need - extra
@@ -148,8 +156,8 @@ def staged_columns(V: Vars, segs: list[TensorSegments], cost: CostModel, *, asyn
     """The move columns of every segment (SegVars), with their costs in the objective:
     sync copies m(s, dir, sync), async copies their host seconds h(s, dir); wL and pE only
     where wakes are profiled (model.cheap_wakes), wX and pX only in the asynchronous model
-    (model.async_candidates, within `window` of the copy's natural place; a prefetch not
-    over a kernel in `reads` that reads the tensor in pieces, ir.split.piece_reads)."""
+    (model.async_candidates, within `window` of the copy's natural place; not over a kernel
+    in `reads` that reads the tensor in pieces, ir.split.piece_reads)."""
     reads = reads or {}
     n = len(cost.kernel_seconds)
     T = np.asarray(cost.kernel_seconds, dtype=float)
@@ -167,6 +175,9 @@ def staged_columns(V: Vars, segs: list[TensorSegments], cost: CostModel, *, asyn
         w_host, r_host = cost.async_host_seconds(s, "to_slow"), cost.async_host_seconds(s, "to_fast")
         if ts.carried_input:
             layout.start_slow[ts.tensor] = V.one()
+        elif ts.born is not None:  # born slow: its producer writes it there piece by piece
+            layout.start_slow[ts.tensor] = V.one(w_sync)  # (= ir.split.piece_write_seconds)
+            layout.born[ts.tensor] = ts.born
         if ts.carried_output_of is not None:
             layout.carried_output_of[ts.tensor] = ts.carried_output_of
         for seg in ts.segments:
@@ -180,8 +191,9 @@ def staged_columns(V: Vars, segs: list[TensorSegments], cost: CostModel, *, asyn
                         sv.wL[e] = V.one(w_sync)
                     if async_:
                         last = hi if seg.kind in NO_PREFETCH else hi - 1  # leave room for the prefetch
-                        sv.wX = add_async_copies(V, range(lo, min(lo + window - 1, last) + 1), T, w_async, w_host,
-                                                 candidates)
+                        over = [c for c in range(lo, min(lo + window - 1, last) + 1)
+                                if ts.tensor not in reads.get(c, ())]  # (not over a kernel reading it in pieces)
+                        sv.wX = add_async_copies(V, over, T, w_async, w_host, candidates)
             if seg.kind in NO_PREFETCH:
                 continue
             sv.pS = V.one(r_sync)
@@ -255,6 +267,7 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     R.timed(lambda: fam.drop_needs_copy(leaving))
     R.timed(lambda: fam.one_write(leaving))
     R.timed(lambda: fam.steady_state(layout))
+    R.timed(lambda: fam.born_slow(layout))
     R.timed(lambda: fam.evict_before_prefetch(gaps))
     # y[c] >= T_c and y[c] >= the copies at c; T_c of other kernels is a constant
     t = time.perf_counter()

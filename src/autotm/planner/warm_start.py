@@ -9,10 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.plan import Plan
+from ..ir.plan import Action, Plan
 from .families import Interval, Overlap, Wakes
 from .highs_driver import is_feasible
 from .model import SCALE, DirectGap, DirectTensor, SegVars
+from .segments import STARTS_SLOW
 
 # kernel k: (its operands, constant seconds, (column, seconds) terms, whether the columns are placements)
 KernelTime = tuple[tuple[int, ...], float, list[tuple[int, float]], bool]
@@ -144,6 +145,11 @@ def staged_start(plan: Plan, n: int, seg_vars: dict[tuple[int, int], SegVars], s
                 x[col] = 1
             continue
         ev = [a for a in acts if a.kind in ("evict", "drop") and a.at <= seg.end]
+        if idx == 0 and tid in start_slow and seg.kind not in STARTS_SLOW and tp.initial == "slow":
+            x[start_slow[tid]] = 1  # born slow: absent from its first segment as if dropped at its start
+            if ev:
+                return None
+            ev = [Action("drop", seg.start, "sync")]
         if not ev:
             src = pairs.get(tid)
             if seg.kind == "final" and src in start_slow and (by_id[src].initial == "slow" or src in made_slow):

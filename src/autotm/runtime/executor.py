@@ -361,8 +361,8 @@ class Executor(Replay):
             self.fast_bytes -= self.nbytes[r.tensor]
         for tid, i, nb, to_slow in ck.outputs:
             v = out if i is None else out[i]
-            if to_slow:  # direct access: the output goes to slow memory
-                self.slow[tid] = self.memory.to_slow(tid, v)
+            if to_slow:  # direct access: the output goes to slow memory (staged: written there in pieces)
+                self.slow[tid] = v if isinstance(v, SlowHandle) else self.memory.to_slow(tid, v)
             else:
                 if expect and nb >= LARGE_BLOCK_BYTES:
                     v = layout.settle(tid, v, k)
@@ -376,8 +376,10 @@ class Executor(Replay):
         # operands (operand_times) is the executor's work between kernels, as in the profile
         t0 = time.perf_counter()
         pieces = self.pieces.get(k)
-        if pieces is not None and any(t not in env for t in pieces.split):  # inputs in slow memory
-            out = pieces.run(env, self.slow, lambda a: self._getter(a)(), self.device)
+        born = ck.outputs[0][0] if ck.outputs and ck.outputs[0][3] and self.plan.access == "staged" else None
+        if pieces is not None and (born is not None or any(t not in env for t in pieces.split)):
+            # inputs in slow memory, or the output born there
+            out = pieces.run(env, self.slow, lambda a: self._getter(a)(), self.device, born_slow=born)
             self.operand_times[k], self.kernel_times[k] = 0.0, time.perf_counter() - t0
             return out
         args = ck.args()

@@ -1,8 +1,10 @@
 """Running a split kernel (ir/split.py) in pieces, its slow inputs read slice by slice.
 
-The output is made whole in fast memory; each piece reads the same byte range of every
-full-size input, from fast memory where the input is there, else from its slow copy
-through a bounce buffer (MemorySystem.read_range), and writes that range of the output.
+The output is made whole in fast memory, or where the plan has it born slow written to
+slow memory piece by piece through one more bounce buffer (MemorySystem.write_range);
+each piece reads the same byte range of every full-size input, from fast memory where
+the input is there, else from its slow copy through a bounce buffer
+(MemorySystem.read_range), and writes that range of the output.
 A row kernel's pieces are whole rows, run on (rows, row length) views with its dimension
 argument -1 and its per-row operands sliced to the same rows. A matmul runs by blocks of
 its output's rows or columns (GemmPieceRunner), its cut input read a block at a time.
@@ -21,7 +23,7 @@ from ..interpret.replay import _out_overload
 from ..ir.graph import TrainingGraph
 from ..ir.split import (GEMM_OPS, ROW_OPS, gemm_block, gemm_piece_args, gemm_ranges, gemm_split, per_row_operands,
                         piece_args, piece_bytes, piece_ranges, piece_unit, row_elements, split_inputs)
-from ..tiers.base import MemorySystem, SlowHandle
+from ..tiers.base import MemorySystem, SlowHandle, TensorLayout, TierError
 from ..tiers.ranges import bounce_buffer
 
 
@@ -54,19 +56,34 @@ class PieceRunner:
         self.out_overload = _out_overload(self.node.target)
 
     def run(self, fast: Mapping[int, torch.Tensor], slow: Mapping[int, SlowHandle],
-            value_of: Callable[[fx.Node], Any], device: torch.device | None = None) -> torch.Tensor:
-        out = torch.empty(self.shape, dtype=self.dtype, device=device)
+            value_of: Callable[[fx.Node], Any], device: torch.device | None = None,
+            born_slow: int | None = None) -> torch.Tensor | SlowHandle:
+        """The output, in fast memory; or with `born_slow` (its tensor id) in slow memory,
+        written there a piece at a time: its handle."""
         buffers: dict[int, Any] = {}
+        handle = None
         try:
-            self._run(out.view(-1), buffers, fast, slow, value_of)
+            if born_slow is None:
+                out = torch.empty(self.shape, dtype=self.dtype, device=device)
+                self._run(out.view(-1), buffers, fast, slow, value_of)
+                return out
+            layout = TensorLayout(self.dtype, self.shape, _contiguous(self.shape), 0, self.nbytes)
+            handle = self.memory.empty_slow(born_slow, layout)
+            buffers[-1] = bounce_buffer(piece_bytes(self.nbytes, self.pieces, self.unit))
+            self._run(None, buffers, fast, slow, value_of, handle)
+            return handle
+        except BaseException:
+            if handle is not None:
+                self.memory.free_slow(handle)
+            raise
         finally:
             for b in buffers.values():
                 with contextlib.suppress(BufferError):  # (a view still alive: the GC closes it)
                     b.close()
-        return out
 
-    def _run(self, out_flat: torch.Tensor, buffers: dict, fast: Mapping[int, torch.Tensor],
-             slow: Mapping[int, SlowHandle], value_of: Callable[[fx.Node], Any]) -> None:
+    def _run(self, out_flat: torch.Tensor | None, buffers: dict, fast: Mapping[int, torch.Tensor],
+             slow: Mapping[int, SlowHandle], value_of: Callable[[fx.Node], Any],
+             handle: SlowHandle | None = None) -> None:
         isz = self.itemsize
         sources: dict[fx.Node, Any] = {}
         for a in self.node.all_input_nodes:
@@ -94,7 +111,15 @@ class PieceRunner:
                     piece[a] = src[lo // self.row:hi // self.row]
                 else:
                     piece[a] = src
-            self._call(piece, out_flat[lo:hi].view(rows))
+            if out_flat is not None:
+                self._call(piece, out_flat[lo:hi].view(rows))
+                continue
+            # born slow: the piece is made in the output's bounce buffer, then written out
+            out = torch.frombuffer(buffers[-1], dtype=torch.uint8, count=stop - start)
+            self._call(piece, out.view(self.dtype).view(rows))
+            del out
+            assert handle is not None
+            self.memory.write_range(handle, start, buffers[-1], stop - start)
 
     def _call(self, piece: dict[fx.Node, Any], out: torch.Tensor) -> None:
         """One piece: the kernel on `piece`'s operands, into `out` (its views of the bounce
@@ -132,27 +157,51 @@ class GemmPieceRunner:
         self.buffer_bytes = max(b - a for i0, i1 in self.ranges for a, b in self.cut.segments(i0, i1))
 
     def run(self, fast: Mapping[int, torch.Tensor], slow: Mapping[int, SlowHandle],
-            value_of: Callable[[fx.Node], Any], device: torch.device | None = None) -> torch.Tensor:
-        out = torch.empty(self.shape, dtype=self.dtype, device=device)
+            value_of: Callable[[fx.Node], Any], device: torch.device | None = None,
+            born_slow: int | None = None) -> torch.Tensor | SlowHandle:
+        """The output, in fast memory; or with `born_slow` (its tensor id) in slow memory,
+        each block of rows written there as it is made: its handle."""
+        if born_slow is not None and self.cut.axis != 0:
+            raise TierError(f"{self.op} makes its output by blocks of columns, not ranges: it cannot be born slow")
+        out = None if born_slow is not None else torch.empty(self.shape, dtype=self.dtype, device=device)
         values = {a: None if a is self.cut_node else value_of(a) for a in self.node.all_input_nodes}
         args: Any = fx.node.map_arg(self.node.args, values.__getitem__)
         kwargs: Any = dict(fx.node.map_arg(self.node.kwargs, values.__getitem__))
         tid = self.node_tensor[self.cut_node]
         whole = value_of(self.cut_node) if tid in fast else None
         buffer = None if whole is not None else bounce_buffer(self.buffer_bytes)
+        row_bytes = self.shape[1] * self.dtype.itemsize
+        written = handle = None
+        if born_slow is not None:
+            handle = self.memory.empty_slow(
+                born_slow, TensorLayout(self.dtype, self.shape, (self.shape[1], 1), 0, self.shape[0] * row_bytes))
+            written = bounce_buffer(max(i1 - i0 for i0, i1 in self.ranges) * row_bytes)
         target: Any = self.node.target
         try:
             for i0, i1 in self.ranges:
                 block = gemm_block(whole, self.cut, i0, i1) if whole is not None else \
                     self._read_block(slow[tid], i0, i1, buffer)
                 piece = target(*gemm_piece_args(self.op, args, self.cut, block, i0, i1), **kwargs)
-                (out[i0:i1] if self.cut.axis == 0 else out[:, i0:i1]).copy_(piece)
+                if out is not None:
+                    (out[i0:i1] if self.cut.axis == 0 else out[:, i0:i1]).copy_(piece)
+                elif handle is not None:  # born slow: the block of rows goes to slow memory through `written`
+                    n = (i1 - i0) * row_bytes
+                    torch.frombuffer(written, dtype=torch.uint8, count=n).view(self.dtype).view(piece.shape).copy_(piece)
+                    self.memory.write_range(handle, i0 * row_bytes, written, n)
                 del block, piece
+        except BaseException:
+            if handle is not None:
+                self.memory.free_slow(handle)
+            raise
         finally:
-            if buffer is not None:
-                with contextlib.suppress(BufferError):  # (a view still alive: the GC closes it)
-                    buffer.close()
-        return out
+            for b in (buffer, written):
+                if b is not None:
+                    with contextlib.suppress(BufferError):  # (a view still alive: the GC closes it)
+                        b.close()
+        if out is not None:
+            return out
+        assert handle is not None
+        return handle
 
     def _read_block(self, h: SlowHandle, i0: int, i1: int, buffer: Any) -> torch.Tensor:
         """Block [i0, i1) of the cut input from its slow copy, laid out as gemm_block's."""
@@ -166,6 +215,14 @@ class GemmPieceRunner:
             for r, (a, b) in enumerate(segments):
                 block[r].copy_(self.memory.read_range(h, a, b, buffer).view(self.cut_dtype))
         return block.t() if self.cut.transposed else block
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    stride, n = [], 1
+    for s in reversed(shape):
+        stride.append(n)
+        n *= s
+    return tuple(reversed(stride))
 
 
 def piece_runner(graph: TrainingGraph, k: int, memory: MemorySystem) -> PieceRunner | GemmPieceRunner:

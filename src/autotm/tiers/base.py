@@ -391,6 +391,16 @@ class MemorySystem(ABC):
             raise TierError(f"{self.name} cannot read part of a slow tensor")
         return storage_bytes(view)[start:stop]
 
+    def empty_slow(self, key: int, layout: TensorLayout) -> SlowHandle:
+        """Slow memory for a contiguous tensor of `layout` that a kernel running in pieces
+        writes range by range (write_range): how it writes its output to slow memory."""
+        raise TierError(f"{self.name} cannot write part of a slow tensor")
+
+    def write_range(self, h: SlowHandle, start: int, buf: Any, nbytes: int) -> None:
+        """Write the first `nbytes` bytes of `buf` (tiers.ranges.bounce_buffer) to bytes
+        [start, start + nbytes) of `h`'s storage; `start` on a page boundary."""
+        raise TierError(f"{self.name} cannot write part of a slow tensor")
+
     def alloc_slow(self, like: torch.Tensor | TensorLayout, key: int = -1
                    ) -> tuple[SlowHandle, torch.Tensor]:
         """Allocate slow memory laid out like `like` (a tensor, possibly on ``meta``, or a
