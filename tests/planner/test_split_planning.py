@@ -131,6 +131,24 @@ def test_plans_with_pieces_validate_and_their_objective_is_their_simulation(case
         plan(g, cm, floor - 1, formulation, arena=False, time_limit=20)
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_graph_with_elementwise_kernels(), st.sampled_from(["synchronous", "asynchronous"]))
+def test_plans_at_the_floor_with_outputs_born_slow_validate_and_their_objective_is_their_simulation(case, formulation):
+    """At the floor the planner writes outputs of split kernels to slow memory where that is
+    what fits (some of these graphs: born_slow steps); the plan validates there and the
+    objective is its simulation, write costs included."""
+    g, seconds, _ = case
+    cm = cost_model(g, seconds, bw=5e8, latency=1e-5, async_bw=4e8, overlap=True)
+    floor = smallest_feasible_budget(g, cm, formulation).bytes
+    p = plan(g, cm, floor, formulation, mip_gap=1e-6, time_limit=20, arena=False)
+    v = validate(p, g)
+    assert v.peak_fast_bytes <= floor
+    assert simulate(p, g, cm).predicted_seconds == pytest.approx(p.meta.objective_seconds, rel=1e-3, abs=1e-9)
+    for s in v.steps:  # (an output born slow: its kernel runs in pieces, and holds one piece of it)
+        for t in s.born_slow:
+            assert dict(p.split).get(s.kernel, 1) > 1 and p.tensors[t].initial == "slow"
+
+
 def test_the_check_before_the_profile_knows_the_floor_in_pieces():
     """check_before_profile (a budget against the graph alone, before the profile) lets a
     budget that only pieces make feasible pass, and names the floor in pieces below it."""
