@@ -64,7 +64,7 @@ class FastBlock:
 class ValidationReport:
     peak_fast_bytes: int
     fast_bytes: np.ndarray  # per kernel, at step 3 (int64)
-    bytes_to_slow: int  # bytes written by evicts
+    bytes_to_slow: int  # bytes written by evicts, and by kernels writing an output there piece by piece
     bytes_to_fast: int  # bytes copied by prefetches
     moves: int  # number of copies: prefetches and evicts (drops copy nothing)
     fast_blocks: tuple[FastBlock, ...] = ()  # by tensor, then start; the sum at any step is the fast bytes
@@ -378,8 +378,9 @@ class PlanReplay:
                 else:
                     slow[tid] = _YES
                     written[tid] = f"its producer {self._k(k)} wrote it there"
-                    if staged:
+                    if staged:  # (written there piece by piece: a write to slow memory)
                         born.append(tid)
+                        self.bytes_to_slow += nbytes[tid]
             piece = born_slow_piece(g, k) if born else 0
             used += piece
             over = in_place[k]

@@ -363,6 +363,7 @@ class Executor(Replay):
             v = out if i is None else out[i]
             if to_slow:  # direct access: the output goes to slow memory (staged: written there in pieces)
                 self.slow[tid] = v if isinstance(v, SlowHandle) else self.memory.to_slow(tid, v)
+                self.to_slow_bytes += nb if isinstance(v, SlowHandle) else 0
             else:
                 if expect and nb >= LARGE_BLOCK_BYTES:
                     v = layout.settle(tid, v, k)
@@ -377,8 +378,7 @@ class Executor(Replay):
         t0 = time.perf_counter()
         pieces = self.pieces.get(k)
         born = ck.outputs[0][0] if ck.outputs and ck.outputs[0][3] and self.plan.access == "staged" else None
-        if pieces is not None and (born is not None or any(t not in env for t in pieces.split)):
-            # inputs in slow memory, or the output born there
+        if pieces is not None and (born is not None or any(t not in env for t in pieces.split)):  # (in slow memory)
             out = pieces.run(env, self.slow, lambda a: self._getter(a)(), self.device, born_slow=born)
             self.operand_times[k], self.kernel_times[k] = 0.0, time.perf_counter() - t0
             return out
