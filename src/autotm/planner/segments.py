@@ -104,9 +104,8 @@ def tensor_segments(graph: TrainingGraph, *, min_bytes: int = 0, pinned: frozens
             segs.append(Segment(t.id, "tail", uses[-1] + 1, all_uses[-1], len(segs)))
         if segs:
             k = t.producer
-            born = None
-            if k is not None and segs[0].start == k + 1 and born_slow_piece(graph, k):
-                born = (k, born_slow_piece(graph, k))
+            piece = born_slow_piece(graph, k) if k is not None and segs[0].start == k + 1 else 0
+            born = (k, piece) if k is not None and piece else None
             out.append(TensorSegments(t.id, t.nbytes, tuple(uses), tuple(segs),
                                       carried_input=any(s.kind == "initial" for s in segs),
                                       carried_output_of=pairs.get(t.id), born=born))

@@ -88,7 +88,7 @@ from .floor import in_place_bytes, solver_infeasible, tightest_staged_plan
 from .highs_driver import Solve, highs_model, is_feasible, solve_model, solver_stats
 from .model import MARGIN_BYTES, SCALE, Rows, SegVars, StagedLayout, Vars, add_async_copies, cheap_wakes, \
     sync_positions
-from ..ir.split import piece_read_seconds, piece_reads
+from ..ir.split import piece_read_seconds, piece_reads, piece_write_seconds
 from .segments import NO_PREFETCH, STARTS_SLOW, TensorSegments, carried_pairs, tensor_segments
 from .warm_start import overlap_greedily, staged_start
 
@@ -175,8 +175,8 @@ def staged_columns(V: Vars, segs: list[TensorSegments], cost: CostModel, *, asyn
         w_host, r_host = cost.async_host_seconds(s, "to_slow"), cost.async_host_seconds(s, "to_fast")
         if ts.carried_input:
             layout.start_slow[ts.tensor] = V.one()
-        elif ts.born is not None:  # born slow: its producer writes it there piece by piece
-            layout.start_slow[ts.tensor] = V.one(w_sync)  # (= ir.split.piece_write_seconds)
+        elif ts.born is not None:  # born slow: its producer writes it there (its cost: solve_staged)
+            layout.start_slow[ts.tensor] = V.one()
             layout.born[ts.tensor] = ts.born
         if ts.carried_output_of is not None:
             layout.carried_output_of[ts.tensor] = ts.carried_output_of
@@ -260,6 +260,8 @@ def solve_staged(graph: TrainingGraph, cost: CostModel, budget: int, *, formulat
     layout = staged_columns(V, segs, cost, async_=async_, window=window, candidates=candidates,
                             sync_candidates=sync_candidates, warm_start=warm_start, reads=reads)
     fam.piece_reads(V, layout, reads, lambda k, t: piece_read_seconds(graph, k, t, cost))
+    for tid, (k, _) in layout.born.items():  # (the piece writes of an output born slow, as simulate charges them)
+        V.add_cost(layout.start_slow[tid], piece_write_seconds(graph, k, cost))
     leaving = _leaving(layout)
     gaps = [sv for sv in layout.seg_vars.values() if sv.seg.kind == "gap"]
     R.timed(lambda: fam.evict_choice(sv for sv in layout.seg_vars.values() if sv.seg.kind not in STARTS_SLOW))

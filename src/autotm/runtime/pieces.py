@@ -67,8 +67,7 @@ class PieceRunner:
                 out = torch.empty(self.shape, dtype=self.dtype, device=device)
                 self._run(out.view(-1), buffers, fast, slow, value_of)
                 return out
-            layout = TensorLayout(self.dtype, self.shape, _contiguous(self.shape), 0, self.nbytes)
-            handle = self.memory.empty_slow(born_slow, layout)
+            handle = self.memory.empty_slow(born_slow, _contiguous_layout(self.shape, self.dtype))
             buffers[-1] = bounce_buffer(piece_bytes(self.nbytes, self.pieces, self.unit))
             self._run(None, buffers, fast, slow, value_of, handle)
             return handle
@@ -173,8 +172,7 @@ class GemmPieceRunner:
         row_bytes = self.shape[1] * self.dtype.itemsize
         written = handle = None
         if born_slow is not None:
-            handle = self.memory.empty_slow(
-                born_slow, TensorLayout(self.dtype, self.shape, (self.shape[1], 1), 0, self.shape[0] * row_bytes))
+            handle = self.memory.empty_slow(born_slow, _contiguous_layout(self.shape, self.dtype))
             written = bounce_buffer(max(i1 - i0 for i0, i1 in self.ranges) * row_bytes)
         target: Any = self.node.target
         try:
@@ -217,12 +215,9 @@ class GemmPieceRunner:
         return block.t() if self.cut.transposed else block
 
 
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    stride, n = [], 1
-    for s in reversed(shape):
-        stride.append(n)
-        n *= s
-    return tuple(reversed(stride))
+def _contiguous_layout(shape: tuple[int, ...], dtype: torch.dtype) -> TensorLayout:
+    """The layout of a split kernel's output (ir.split: the whole of a contiguous storage)."""
+    return TensorLayout.of(torch.empty(shape, dtype=dtype, device="meta"))
 
 
 def piece_runner(graph: TrainingGraph, k: int, memory: MemorySystem) -> PieceRunner | GemmPieceRunner:
